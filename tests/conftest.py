@@ -1,0 +1,39 @@
+"""Shared test fixtures: where the read-only shared data lives, and small seeded helpers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("GPT2_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+
+
+def shared_file(relative: str) -> Path:
+    """Path to a file under the shared data folder; skip outside CI when missing, fail under CI."""
+    path = SHARED_DATA / relative
+    if not path.exists():
+        message = f"shared data file {path} is missing (set GPT2_SHARED_DATA to the shared/data folder)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+@pytest.fixture
+def gpt2_bpe_dir() -> Path:
+    """Folder with OpenAI's encoder.json and vocab.bpe."""
+    shared_file("gpt2-bpe/encoder.json")
+    return shared_file("gpt2-bpe/vocab.bpe").parent
+
+
+@pytest.fixture
+def tinyshakespeare() -> Path:
+    return shared_file("corpora/tinyshakespeare.txt")
+
+
+@pytest.fixture
+def fixtures_dir() -> Path:
+    return shared_file("fixtures/expected.json").parent
