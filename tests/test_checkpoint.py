@@ -1,0 +1,255 @@
+"""Checkpoint interop: our GPT computes exactly what transformers' GPT2LMHeadModel computes on the same weights,
+and reads/writes the formats real GPT-2 checkpoints come in."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from gpt2 import GPT, GPTConfig
+from gpt2.checkpoint import load_llmc, save_pretrained
+
+transformers = pytest.importorskip("transformers")
+
+# (name, n_layer, n_head, n_embd, block_size, vocab_size): the full 124M shape, a tiny one and an odd one.
+PARITY_CONFIGS = [
+    ("gpt2-124M-shape", 12, 12, 768, 1024, 50257),
+    ("tiny", 2, 4, 64, 128, 1000),
+    ("odd", 3, 3, 48, 77, 517),
+]
+
+
+def random_hf_model(n_layer, n_head, n_embd, block_size, vocab_size, seed=0):
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(
+        n_layer=n_layer, n_head=n_head, n_embd=n_embd, n_positions=block_size, vocab_size=vocab_size
+    )
+    model = transformers.GPT2LMHeadModel(config).eval()
+    with torch.no_grad():  # non-trivial biases and LayerNorm parameters, so every term of the forward counts
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or ".ln_" in name:
+                p.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+def assert_same_outputs(ours: GPT, theirs, vocab_size: int, T: int) -> None:
+    torch.manual_seed(1)
+    idx = torch.randint(0, vocab_size, (2, T))
+    with torch.no_grad():
+        hf = theirs(idx, labels=idx)
+        logits, loss = ours(idx[:, :-1], targets=idx[:, 1:])  # ours takes next-token targets, HF shifts labels
+        full = ours(idx).logits
+    assert (full - hf.logits).abs().max().item() <= 1e-4
+    assert torch.allclose(logits, hf.logits[:, :-1], atol=1e-4)
+    assert abs(loss.item() - hf.loss.item()) <= 1e-5
+
+
+@pytest.mark.parametrize("name, n_layer, n_head, n_embd, block_size, vocab_size", PARITY_CONFIGS)
+def test_hf_directory_loads_and_matches_transformers(tmp_path, name, n_layer, n_head, n_embd, block_size, vocab_size):
+    theirs = random_hf_model(n_layer, n_head, n_embd, block_size, vocab_size)
+    theirs.save_pretrained(tmp_path)
+    ours = GPT.from_pretrained(tmp_path)
+    assert ours.config.n_layer == n_layer and ours.config.block_size == block_size
+    assert_same_outputs(ours, theirs, vocab_size, T=min(block_size, 96))
+
+
+@pytest.mark.parametrize("name, n_layer, n_head, n_embd, block_size, vocab_size", PARITY_CONFIGS)
+def test_our_save_pretrained_loads_in_transformers_and_matches(tmp_path, name, n_layer, n_head, n_embd, block_size, vocab_size):
+    torch.manual_seed(0)
+    ours = GPT(GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, vocab_size=vocab_size))
+    ours.eval()
+    ours.save_pretrained(tmp_path)
+    theirs = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    assert_same_outputs(ours, theirs, vocab_size, T=min(block_size, 96))
+
+
+def test_full_context_parity_on_the_odd_config(tmp_path):
+    theirs = random_hf_model(3, 3, 48, 77, 517, seed=3)
+    theirs.save_pretrained(tmp_path)
+    assert_same_outputs(GPT.from_pretrained(tmp_path), theirs, 517, T=77)
+
+
+def test_bias_free_model_saves_as_zero_biases_transformers_computes_identically(tmp_path):
+    torch.manual_seed(0)
+    ours = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=50, bias=False)).eval()
+    ours.save_pretrained(tmp_path)
+    theirs = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
+    assert_same_outputs(ours, theirs, 50, T=16)
+
+
+# ----------------------------------------------------------------------- shared fixtures (no transformers)
+def test_hf_tiny_fixture_reproduces_the_recorded_logits_and_loss(fixtures_dir):
+    expected = json.loads((fixtures_dir / "expected.json").read_text())
+    model = GPT.from_pretrained(fixtures_dir / "hf-tiny")
+    idx = torch.tensor(expected["input_ids"])
+    with torch.no_grad():
+        logits = model(idx).logits
+        _, loss = model(idx[:, :-1], targets=idx[:, 1:])
+    assert (logits[:, -1] - torch.tensor(expected["logits_last"])).abs().max() <= 1e-5
+    assert logits[:, -1].argmax(-1).tolist() == expected["argmax_last"]
+    assert abs(loss.item() - expected["loss"]) <= 2e-6
+
+
+@pytest.mark.parametrize("filename, key, tolerance", [("model_fp32.bin", None, 1e-5), ("model_bf16.bin", "bf16_weights", 1e-4)])
+def test_llmc_checkpoints_reproduce_the_recorded_logits(fixtures_dir, filename, key, tolerance):
+    expected = json.loads((fixtures_dir / "expected.json").read_text())
+    reference = expected[key] if key else expected
+    model = load_llmc(fixtures_dir / "llmc-tiny" / filename)
+    with torch.no_grad():
+        logits = model(torch.tensor(expected["input_ids"])).logits
+    assert (logits[:, -1] - torch.tensor(reference["logits_last"])).abs().max() <= tolerance
+
+
+# ------------------------------------------------------------------------------ layouts and keys
+@pytest.fixture
+def saved_tiny(tmp_path) -> tuple[GPT, Path]:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=40)).eval()
+    save_pretrained(model, tmp_path / "ref")
+    return model, tmp_path
+
+
+def same_weights(a: GPT, b: GPT) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_saved_files_use_conv1d_layout_with_prefixed_keys_and_no_lm_head(saved_tiny):
+    model, tmp = saved_tiny
+    tensors = load_file(tmp / "ref" / "model.safetensors")
+    assert "lm_head.weight" not in tensors
+    assert tensors["transformer.h.0.attn.c_attn.weight"].shape == (16, 48)  # [in, out]
+    assert tensors["transformer.h.0.mlp.c_proj.weight"].shape == (64, 16)
+    assert torch.equal(tensors["transformer.h.1.mlp.c_fc.weight"], model.transformer.h[1].mlp.c_fc.weight.t())
+
+
+def test_unprefixed_keys_with_attention_mask_buffers_load_like_the_hub_gpt2_file(saved_tiny):
+    """The real `gpt2` repo stores `h.0.attn.c_attn.weight`, `wte.weight` and `h.N.attn.bias` mask buffers."""
+    model, tmp = saved_tiny
+    tensors = load_file(tmp / "ref" / "model.safetensors")
+    hub_style = {key.removeprefix("transformer."): t for key, t in tensors.items()}
+    for layer in range(2):
+        hub_style[f"h.{layer}.attn.bias"] = torch.ones(1, 1, 8, 8).tril()
+        hub_style[f"h.{layer}.attn.masked_bias"] = torch.tensor(-1e4)
+    (tmp / "hub").mkdir()
+    save_file(hub_style, tmp / "hub" / "model.safetensors")
+    (tmp / "hub" / "config.json").write_text((tmp / "ref" / "config.json").read_text())
+    assert same_weights(GPT.from_pretrained(tmp / "hub"), model)
+
+
+def test_sharded_safetensors_with_index_load(saved_tiny):
+    model, tmp = saved_tiny
+    tensors = load_file(tmp / "ref" / "model.safetensors")
+    shard_dir = tmp / "sharded"
+    shard_dir.mkdir()
+    names = sorted(tensors)
+    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    weight_map = {}
+    for filename, keys in halves.items():
+        save_file({k: tensors[k] for k in keys}, shard_dir / filename)
+        weight_map.update({k: filename for k in keys})
+    (shard_dir / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (shard_dir / "config.json").write_text((tmp / "ref" / "config.json").read_text())
+    assert same_weights(GPT.from_pretrained(shard_dir), model)
+
+
+def test_pytorch_model_bin_loads_with_weights_only(saved_tiny):
+    model, tmp = saved_tiny
+    legacy = tmp / "legacy"
+    legacy.mkdir()
+    torch.save(load_file(tmp / "ref" / "model.safetensors"), legacy / "pytorch_model.bin")
+    (legacy / "config.json").write_text((tmp / "ref" / "config.json").read_text())
+    assert same_weights(GPT.from_pretrained(legacy), model)
+
+
+class _Payload:
+    def __reduce__(self):
+        return (exec, ("import pathlib; pathlib.Path('PWNED').write_text('ran')",))
+
+
+def test_pickle_payload_in_pytorch_model_bin_is_refused_without_running(saved_tiny, monkeypatch):
+    _, tmp = saved_tiny
+    evil = tmp / "evil"
+    evil.mkdir()
+    monkeypatch.chdir(evil)
+    torch.save({"transformer.wte.weight": torch.zeros(40, 16), "x": _Payload()}, evil / "pytorch_model.bin")
+    (evil / "config.json").write_text((tmp / "ref" / "config.json").read_text())
+    with pytest.raises(ValueError, match="could not be read as plain tensors"):
+        GPT.from_pretrained(evil)
+    assert not (evil / "PWNED").exists()
+
+
+def rewrite(tmp: Path, change) -> Path:
+    tensors = load_file(tmp / "ref" / "model.safetensors")
+    change(tensors)
+    out = tmp / "changed"
+    out.mkdir(exist_ok=True)
+    save_file(tensors, out / "model.safetensors")
+    (out / "config.json").write_text((tmp / "ref" / "config.json").read_text())
+    return out
+
+
+def test_missing_tensor_is_named(saved_tiny):
+    _, tmp = saved_tiny
+    path = rewrite(tmp, lambda t: t.pop("transformer.h.1.ln_2.weight"))
+    with pytest.raises(ValueError, match=r"missing tensors: \['transformer.h.1.ln_2.weight'\]"):
+        GPT.from_pretrained(path)
+
+
+def test_unexpected_tensor_is_named(saved_tiny):
+    _, tmp = saved_tiny
+    path = rewrite(tmp, lambda t: t.update({"transformer.h.2.ln_1.weight": torch.ones(16)}))
+    with pytest.raises(ValueError, match=r"unexpected tensors: \['transformer.h.2.ln_1.weight'\]"):
+        GPT.from_pretrained(path)
+
+
+def test_misshapen_tensor_names_both_shapes(saved_tiny):
+    _, tmp = saved_tiny
+    path = rewrite(tmp, lambda t: t.update({"transformer.h.0.attn.c_attn.weight": torch.zeros(48, 16)}))
+    with pytest.raises(ValueError, match=r"transformer.h.0.attn.c_attn.weight has shape \(48, 16\) in the checkpoint but the config needs \(16, 48\)"):
+        GPT.from_pretrained(path)
+
+
+def test_untied_head_is_refused(saved_tiny):
+    _, tmp = saved_tiny
+    path = rewrite(tmp, lambda t: t.update({"lm_head.weight": torch.randn(40, 16)}))
+    with pytest.raises(ValueError, match="lm_head.weight differs from wte.weight"):
+        GPT.from_pretrained(path)
+
+
+def test_non_gpt2_activation_is_refused(saved_tiny):
+    _, tmp = saved_tiny
+    config = json.loads((tmp / "ref" / "config.json").read_text())
+    config["activation_function"] = "gelu"
+    (tmp / "ref" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="activation_function 'gelu' is not GPT-2's tanh GELU"):
+        GPT.from_pretrained(tmp / "ref")
+
+
+def test_directory_without_weights_says_what_it_expected(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 10, "n_positions": 8, "n_layer": 1, "n_head": 1, "n_embd": 4}))
+    with pytest.raises(FileNotFoundError, match="expected model.safetensors"):
+        GPT.from_pretrained(tmp_path)
+
+
+def test_config_overrides_apply_on_load(saved_tiny):
+    model, tmp = saved_tiny
+    explicit = GPT.from_pretrained(tmp / "ref", attn_impl="explicit", dropout=0.1)
+    assert explicit.config.attn_impl == "explicit" and explicit.config.dropout == 0.1
+    assert same_weights(explicit, model)
+
+
+def test_hub_name_offline_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="'gpt2' is not a local directory and could not be fetched"):
+        GPT.from_pretrained("gpt2")
+
+
+def test_local_path_that_does_not_exist_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        GPT.from_pretrained(tmp_path / "nowhere")
