@@ -2,6 +2,5 @@
 
 from gpt2.config import GPTConfig
 from gpt2.model import GPT, GPTOutput, KVCache
-from gpt2.tokenizer import ByteTokenizer, Tokenizer, train_tokenizer
 
-__all__ = ["GPT", "GPTConfig", "GPTOutput", "KVCache", "Tokenizer", "ByteTokenizer", "train_tokenizer"]
+__all__ = ["GPT", "GPTConfig", "GPTOutput", "KVCache"]
