@@ -253,3 +253,44 @@ def test_hub_name_offline_is_a_clear_error(monkeypatch, tmp_path):
 def test_local_path_that_does_not_exist_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         GPT.from_pretrained(tmp_path / "nowhere")
+
+
+# --------------------------------------------------------------------------- OpenAI TensorFlow release
+def test_openai_tf_checkpoint_reproduces_the_recorded_logits(fixtures_dir):
+    expected = json.loads((fixtures_dir / "expected.json").read_text())
+    model = GPT.from_pretrained(fixtures_dir / "openai-tf-tiny")  # hparams.json + model.ckpt.*, no TensorFlow
+    with torch.no_grad():
+        logits = model(torch.tensor(expected["input_ids"])).logits
+    assert (logits[:, -1] - torch.tensor(expected["logits_last"])).abs().max() <= 1e-5
+
+
+def test_all_three_fixture_formats_hold_identical_weights(fixtures_dir):
+    tf = GPT.from_pretrained(fixtures_dir / "openai-tf-tiny")
+    hf = GPT.from_pretrained(fixtures_dir / "hf-tiny")
+    llmc = GPT.from_pretrained(fixtures_dir / "llmc-tiny" / "model_fp32.bin")
+    assert same_weights(tf, hf) and same_weights(llmc, hf)
+
+
+def test_tf_variable_names_map_to_ours():
+    from gpt2.checkpoint import tf_name_to_hf
+
+    assert tf_name_to_hf("model/wte") == "transformer.wte.weight"
+    assert tf_name_to_hf("model/h11/attn/c_attn/w") == "transformer.h.11.attn.c_attn.weight"
+    assert tf_name_to_hf("model/h0/ln_1/g") == "transformer.h.0.ln_1.weight"
+    assert tf_name_to_hf("model/ln_f/b") == "transformer.ln_f.bias"
+
+
+def test_tf_checkpoint_with_a_missing_data_file_names_it(fixtures_dir, tmp_path):
+    import shutil
+
+    for name in ("hparams.json", "checkpoint", "model.ckpt.index"):
+        shutil.copy(fixtures_dir / "openai-tf-tiny" / name, tmp_path / name)
+    with pytest.raises(FileNotFoundError, match="model.ckpt.data-00000-of-00001 is missing"):
+        GPT.from_pretrained(tmp_path)
+
+
+def test_truncated_llmc_file_is_refused(fixtures_dir, tmp_path):
+    truncated = tmp_path / "model.bin"
+    truncated.write_bytes((fixtures_dir / "llmc-tiny" / "model_fp32.bin").read_bytes()[:-100])
+    with pytest.raises(ValueError, match="its header describes a 176640-byte checkpoint"):
+        GPT.from_pretrained(truncated)

@@ -388,11 +388,12 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, name_or_path: "str | Path", **config_overrides: Any) -> "GPT":
-        """Load a HuggingFace-format GPT-2 (a local directory, or a Hub name such as "gpt2" when online).
-        `config_overrides` change fields such as dropout or attn_impl."""
-        from gpt2.checkpoint import load_pretrained
+        """Load a GPT-2 checkpoint: a HuggingFace-format directory (or a Hub name such as "gpt2" when online),
+        OpenAI's TensorFlow release directory, or an llm.c `.bin` file. `config_overrides` change fields such
+        as dropout or attn_impl."""
+        from gpt2.checkpoint import load_any
 
-        return load_pretrained(name_or_path, **config_overrides)
+        return load_any(name_or_path, **config_overrides)
 
     def save_pretrained(self, directory: "str | Path") -> None:
         """Write config.json + model.safetensors in the HuggingFace GPT-2 layout (Conv1D weights [in, out]),
