@@ -1,0 +1,214 @@
+"""`gpt2 eval perplexity | hellaswag | lambada`: the evaluation API (gpt2.evaluate) from the command line.
+
+Each prints a table of its metrics on stdout and, with `--out FILE`, writes them as JSON (with the model and
+data they came from). The tokenizer comes from `--tokenizer`, else from the model directory (training
+checkpoints save it alongside the weights).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpt2.evaluate import (
+    DEFAULT_BATCH_SIZE,
+    HELLASWAG_NUM_ENDINGS,
+    HELLASWAG_STYLES,
+    count_bytes,
+    evaluate_hellaswag,
+    evaluate_lambada,
+    fetch_dataset,
+    perplexity,
+)
+from gpt2.model import GPT
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("eval", help="evaluate a model: perplexity, HellaSwag, LAMBADA")
+    tasks = parser.add_subparsers(dest="task", metavar="TASK", required=True)
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--model", required=True, help="model directory (HF layout) or Hub name such as gpt2")
+    common.add_argument("--tokenizer", help="tokenizer directory or Hub name (default: the model's directory)")
+    common.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:1...")
+    common.add_argument("--out", type=Path, help="also write the results to this JSON file")
+    common.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    ppl = tasks.add_parser(
+        "perplexity",
+        parents=[common],
+        help="loss, perplexity and bits per byte of a text file or prepared token shards",
+        description="Sliding-window perplexity: every token scored once, with up to --context-length tokens of "
+        "context, windows advancing by --stride.",
+    )
+    ppl.add_argument("--data", required=True, type=Path, help="a UTF-8 text file, or a folder from `gpt2 prepare`")
+    ppl.add_argument("--split", default="val", help="split of a prepared folder (default: val)")
+    ppl.add_argument("--context-length", type=int, help="tokens per window (default: the model's block_size)")
+    ppl.add_argument("--stride", type=int, help="tokens between windows (default: context length / 2)")
+    ppl.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="windows per forward")
+    ppl.add_argument("--max-tokens", type=int, help="evaluate only the first N tokens")
+    ppl.add_argument(
+        "--no-eot-prefix",
+        action="store_true",
+        help="for a text file, do not put <|endoftext|> in front (then its first token is not scored)",
+    )
+    ppl.set_defaults(func=run_perplexity)
+
+    hellaswag = tasks.add_parser(
+        "hellaswag", parents=[common], help="HellaSwag accuracy, completion style (acc, acc_norm, acc_char_norm)"
+    )
+    hellaswag.add_argument("--data", type=Path, help="HellaSwag JSONL (official format); default: fetch the val split")
+    hellaswag.add_argument("--limit", type=int, help="only the first N examples")
+    hellaswag.add_argument(
+        "--style",
+        choices=HELLASWAG_STYLES,
+        default="nanogpt",
+        help="how the prompt is rendered: nanogpt (ctx + ' ' + ending, as nanoGPT/llm.c) or lm-eval (the harness's)",
+    )
+    hellaswag.add_argument(
+        "--batch-size", type=int, default=4 * HELLASWAG_NUM_ENDINGS, help="rows (context + one ending) per forward"
+    )
+    hellaswag.add_argument("--cache-dir", type=Path, help="where fetched files go (default: $GPT2_CACHE/eval)")
+    hellaswag.set_defaults(func=run_hellaswag)
+
+    lambada = tasks.add_parser("lambada", parents=[common], help="LAMBADA last-word accuracy and perplexity")
+    lambada.add_argument("--data", type=Path, help="LAMBADA JSONL ({\"text\": ...}); default: fetch OpenAI's test set")
+    lambada.add_argument("--limit", type=int, help="only the first N passages")
+    lambada.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="passages per forward")
+    lambada.add_argument("--cache-dir", type=Path, help="where fetched files go (default: $GPT2_CACHE/eval)")
+    lambada.set_defaults(func=run_lambada)
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(name)
+    except RuntimeError as err:
+        raise ValueError(f"--device {name!r} is not a device ({err}); use auto, cpu, cuda or cuda:N") from err
+
+
+def load_model_and_tokenizer(model_name: str, tokenizer_name: str | None, device: torch.device) -> tuple[GPT, Any]:
+    """The model on `device`, and its tokenizer (`tokenizer_name`, else the model's directory)."""
+    from gpt2.tokenizer import Tokenizer
+
+    model = GPT.from_pretrained(model_name).to(device)
+    try:
+        tokenizer = Tokenizer.from_pretrained(tokenizer_name or model_name)
+    except FileNotFoundError as err:
+        if tokenizer_name:
+            raise
+        raise FileNotFoundError(f"no tokenizer saved with the model ({err}); pass --tokenizer DIR_OR_NAME") from err
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise ValueError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {model.config.vocab_size}; "
+            "pass the tokenizer the model was trained with (--tokenizer)"
+        )
+    return model, tokenizer
+
+
+def format_table(results: dict[str, Any]) -> str:
+    """Two aligned columns, metric and value; floats with 4 decimals."""
+    rows = [(k, f"{v:.4f}" if isinstance(v, float) else str(v)) for k, v in results.items() if v is not None]
+    width = max(len("metric"), *(len(k) for k, _ in rows))
+    value_width = max(len("value"), *(len(v) for _, v in rows))
+    lines = [f"{'metric':<{width}}  {'value':>{value_width}}", f"{'-' * width}  {'-' * value_width}"]
+    lines += [f"{k:<{width}}  {v:>{value_width}}" for k, v in rows]
+    return "\n".join(lines)
+
+
+def report(results: dict[str, Any], out: Path | None) -> int:
+    """Print the table; write the JSON atomically when asked."""
+    print(format_table(results))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
+        try:
+            with os.fdopen(handle, "w", encoding="utf-8") as file:
+                json.dump(results, file, indent=2)
+                file.write("\n")
+            os.replace(temporary, out)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+    return 0
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{str(path)!r} is not UTF-8 text (byte {err.start}); convert it or prepare it first") from err
+
+
+# ------------------------------------------------------------------------------------------ commands
+def run_perplexity(args: argparse.Namespace) -> int:
+    model, tokenizer = load_model_and_tokenizer(args.model, args.tokenizer, resolve_device(args.device))
+    data: Path = args.data
+    split = None
+    if data.is_dir():
+        from gpt2.data import load_split, read_manifest
+
+        manifest = read_manifest(data)
+        saved = manifest.get("tokenizer", {}).get("identity")
+        if saved and getattr(tokenizer, "identity", saved) != saved:
+            raise ValueError(
+                f"{str(data)!r} was tokenized with {saved}, not the model's tokenizer {tokenizer.identity}; "
+                "prepare the data with the model's tokenizer or pass the right --tokenizer"
+            )
+        split = args.split
+        tokens = load_split(data, split)
+    elif data.is_file():
+        text = _read_text(data)
+        tokens = tokenizer.encode(text)
+        if not args.no_eot_prefix:
+            tokens = [tokenizer.eot_token, *tokens]  # as lm-eval's rolling log-likelihood: score the first token too
+    else:
+        raise FileNotFoundError(f"--data {str(data)!r} does not exist; pass a text file or a `gpt2 prepare` folder")
+    if args.max_tokens is not None:
+        if args.max_tokens < 2:
+            raise ValueError(f"--max-tokens must be at least 2, got {args.max_tokens}")
+        tokens = tokens[: args.max_tokens]
+    num_bytes = count_bytes(tokenizer, tokens[1:], tokenizer.vocab_size)  # the bytes the scored tokens stand for
+    result = perplexity(
+        model,
+        tokens,
+        context_length=args.context_length,
+        stride=args.stride,
+        batch_size=args.batch_size,
+        num_bytes=num_bytes or None,
+        progress=not args.no_progress,
+    )
+    header = {"task": "perplexity", "model": str(args.model), "data": str(data), "split": split}
+    return report({**header, **result.to_dict()}, args.out)
+
+
+def run_hellaswag(args: argparse.Namespace) -> int:
+    model, tokenizer = load_model_and_tokenizer(args.model, args.tokenizer, resolve_device(args.device))
+    data = args.data if args.data is not None else fetch_dataset("hellaswag", args.cache_dir)
+    results = evaluate_hellaswag(
+        model,
+        tokenizer,
+        data,
+        limit=args.limit,
+        style=args.style,
+        batch_size=args.batch_size,
+        progress=not args.no_progress,
+    )
+    return report({**results, "model": str(args.model), "data": str(data)}, args.out)
+
+
+def run_lambada(args: argparse.Namespace) -> int:
+    model, tokenizer = load_model_and_tokenizer(args.model, args.tokenizer, resolve_device(args.device))
+    data = args.data if args.data is not None else fetch_dataset("lambada", args.cache_dir)
+    results = evaluate_lambada(
+        model, tokenizer, data, limit=args.limit, batch_size=args.batch_size, progress=not args.no_progress
+    )
+    return report({**results, "model": str(args.model), "data": str(data)}, args.out)

@@ -1,0 +1,107 @@
+"""`gpt2 prepare`: text files, directories, globs, JSONL (or a Hugging Face dataset) -> token shards.
+
+    gpt2 prepare input.txt --out data/shakespeare --tokenizer gpt2             # GPT-2 BPE, 10% val
+    gpt2 prepare input.txt --out data/shakespeare_bytes --tokenizer bytes      # one id per byte
+    gpt2 prepare 'corpus/**/*.jsonl' --out data/web --jsonl-field content --val-fraction 0.005
+    gpt2 prepare --dataset roneneldan/TinyStories --out data/tinystories       # needs `datasets`, online
+
+Writes train_NNNNNN.bin / val_NNNNNN.bin and manifest.json (format: see gpt2.data).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import TYPE_CHECKING
+
+from gpt2.data import DEFAULT_CHUNK_CHARS, DEFAULT_SHARD_TOKENS
+
+if TYPE_CHECKING:
+    from gpt2.tokenizer import ByteTokenizer, Tokenizer
+
+TOKENIZER_ENV = "GPT2_TOKENIZER"
+BYTE_TOKENIZER_NAME = "bytes"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "prepare",
+        help="tokenize a corpus into train/val token shards",
+        description="Tokenize text into train/val token shards plus manifest.json. Each document (a text file "
+        "or a JSONL record) is preceded by <|endoftext|>; the last --val-fraction of the stream is the val split.",
+    )
+    parser.add_argument(
+        "sources",
+        nargs="*",
+        help="text files, .jsonl files, directories (searched recursively for .txt .text .md .rst .jsonl) or "
+        "quoted globs such as 'web/**/*.html'",
+    )
+    parser.add_argument("--out", required=True, help="directory to write the shards and manifest.json into")
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        help=f"tokenizer directory, a Hub name such as 'gpt2', or '{BYTE_TOKENIZER_NAME}' for the byte "
+        f"tokenizer; default: ${TOKENIZER_ENV}, else 'gpt2'",
+    )
+    parser.add_argument("--jsonl-field", default="text", help="field holding the text in JSONL / dataset records")
+    parser.add_argument("--val-fraction", type=float, default=0.1, help="tail of the stream kept for val (default 0.1)")
+    parser.add_argument(
+        "--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard file at most"
+    )
+    parser.add_argument(
+        "--chunk-chars",
+        type=int,
+        default=DEFAULT_CHUNK_CHARS,
+        help="characters tokenized at a time (bounds memory; only a word longer than this is cut inside)",
+    )
+    parser.add_argument("--dataset", default=None, help="Hugging Face dataset name (needs `datasets`, online)")
+    parser.add_argument("--dataset-config", default=None, help="configuration of --dataset, e.g. 'sample-10BT'")
+    parser.add_argument("--dataset-split", default="train", help="split of --dataset to read (default 'train')")
+    parser.add_argument("--overwrite", action="store_true", help="replace data already prepared in --out")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run)
+
+
+def load_tokenizer(name: str) -> "Tokenizer | ByteTokenizer":
+    """'bytes' -> ByteTokenizer(); anything else -> Tokenizer.from_pretrained (a directory or a Hub name)."""
+    from gpt2.tokenizer import ByteTokenizer, Tokenizer
+
+    if name == BYTE_TOKENIZER_NAME:
+        return ByteTokenizer()
+    return Tokenizer.from_pretrained(name)
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpt2.data import prepare
+
+    if not args.sources and args.dataset is None:
+        raise ValueError("nothing to prepare: pass files, directories or globs, or --dataset NAME")
+    tokenizer = load_tokenizer(args.tokenizer or os.environ.get(TOKENIZER_ENV) or "gpt2")
+    manifest = prepare(
+        args.sources,
+        args.out,
+        tokenizer,
+        jsonl_field=args.jsonl_field,
+        val_fraction=args.val_fraction,
+        shard_tokens=args.shard_tokens,
+        chunk_chars=args.chunk_chars,
+        dataset=args.dataset,
+        dataset_split=args.dataset_split,
+        dataset_config=args.dataset_config,
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+    )
+    splits = manifest["splits"]
+    notes = []
+    if manifest["empty_files"]["count"]:
+        notes.append(f"{manifest['empty_files']['count']} empty file(s) skipped")
+    if manifest["invalid_utf8"]["files"]:
+        notes.append(f"{manifest['invalid_utf8']['files']} file(s) with invalid UTF-8 repaired")
+    if manifest["forced_splits"]:
+        notes.append(f"{manifest['forced_splits']} word(s) longer than --chunk-chars cut")
+    print(
+        f"prepared {manifest['documents']} document(s): train {splits['train']:,} tokens, val {splits['val']:,} "
+        f"tokens ({manifest['dtype']}, {len(manifest['shards'])} shard(s)) in {args.out}"
+        + (f"; {'; '.join(notes)}" if notes else "")
+    )
+    return 0
