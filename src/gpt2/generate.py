@@ -1,0 +1,394 @@
+"""Text generation: prefill the prompt once, then decode one token per step from a preallocated KV cache.
+
+Notation: B = batch size, T = prompt length (columns, padding included), V = vocab_size, W = window length.
+
+The public entry points share one decode loop (`stream`):
+
+- `generate(model, idx, max_new_tokens, ...)` -> (B, T + steps) token ids (what `GPT.generate` calls);
+- `stream(model, idx, max_new_tokens, ...)` yields the (B,) tokens of each step as soon as they exist;
+- `stream_text(model, tokenizer, prompt, max_new_tokens, ...)` yields text pieces, never half a character;
+- `left_pad(list_of_token_lists, pad_token_id=...)` builds a left-padded batch and its attention mask.
+
+Sampling: temperature 0 is greedy (argmax); otherwise logits / temperature, then top-k, then top-p (nucleus),
+then one draw. Both filters keep ties together (see `filter_top_k`, `filter_top_p`), so the kept set never
+depends on how a sort orders equal values.
+
+Rows of a batch are independent: each stops on its own stop token or stop sequence, after which it receives
+`pad_token_id` and stops changing; the loop ends when every row has stopped or after `max_new_tokens` steps.
+
+Context window. GPT-2 has absolute position embeddings for positions [0, block_size), so a cache cannot simply
+drop its oldest entry: every cached key was computed at its old position. When the cache is full (block_size
+columns) and another token must be fed, the loop re-prefills the last W = block_size - k columns (the newest
+token included) at positions [0, W) and goes on decoding from the cache; the next re-prefill comes k tokens
+later. k is `slide_by` (default block_size // 4). Each token beyond the window sees between W and block_size
+tokens of context. Cost: one W-token prefill per k new tokens; for GPT-2 with the default k = 256, a 768-token
+prefill every 256 tokens (on CPU roughly the time of another ~100-250 decode steps, i.e. 40-100% more per
+token past the window). slide_by=0 re-prefills the full window at every step: exactly the plain "crop to the
+last block_size tokens and recompute" loop, at the cost of a block_size-token prefill per token.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Protocol, Sequence
+
+import torch
+import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from gpt2.model import GPT, KVCache
+
+Truncate = Literal["left"] | None
+DEFAULT_SLIDE_FRACTION = 4  # slide_by defaults to block_size // 4 (see the module docstring for the cost)
+# top-p counts a cumulative mass within this of p as having reached p: probabilities summed in float32 are
+# off by ~1e-7, and a mass of exactly p must not pull in the next token because of it.
+TOP_P_TOLERANCE = 1e-6
+
+
+class StreamDecoder(Protocol):
+    def push(self, token_id: int) -> str: ...
+
+    def flush(self) -> str: ...
+
+
+class TextTokenizer(Protocol):
+    """What `stream_text` needs of a tokenizer (`gpt2.tokenizer.Tokenizer` and `ByteTokenizer` both fit)."""
+
+    eot_token: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def stream_decoder(self) -> StreamDecoder: ...
+
+    def __len__(self) -> int: ...
+
+
+# ------------------------------------------------------------------------------------------ batching
+def left_pad(
+    sequences: Sequence[Sequence[int]], *, pad_token_id: int, device: torch.device | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of prompts of different lengths as (idx, attention_mask), both (B, T) with T the longest length.
+
+    Padding goes on the left so that every row's last column is its last real token (where generation
+    continues); the mask is 1 on real tokens and 0 on padding.
+
+    >>> idx, mask = left_pad([[5, 6, 7], [8]], pad_token_id=0)
+    >>> idx.tolist(), mask.tolist()
+    ([[5, 6, 7], [0, 0, 8]], [[1, 1, 1], [0, 0, 1]])
+    """
+    if len(sequences) == 0:
+        raise ValueError("left_pad needs at least one sequence, got an empty list")
+    lengths = [len(sequence) for sequence in sequences]
+    if min(lengths) == 0:
+        raise ValueError(f"sequence {lengths.index(0)} is empty; every prompt needs at least one token")
+    T = max(lengths)
+    idx = torch.full((len(sequences), T), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), T), dtype=torch.long)
+    for row, sequence in enumerate(sequences):
+        idx[row, T - len(sequence) :] = torch.as_tensor(list(sequence), dtype=torch.long)
+        mask[row, T - len(sequence) :] = 1
+    return idx.to(device), mask.to(device)
+
+
+# ------------------------------------------------------------------------------------------ sampling
+def filter_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Logits (..., V) with every token below the k-th largest logit set to -inf.
+
+    Ties: tokens equal to the k-th largest value are all kept, so more than k may survive when values tie
+    (which ones would otherwise depend on the sort). top_k >= V keeps everything.
+    """
+    if top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}; use None to disable top-k filtering")
+    if top_k >= logits.size(-1):
+        return logits
+    kth_largest = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (..., 1)
+    return logits.masked_fill(logits < kth_largest, float("-inf"))
+
+
+def filter_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Logits (..., V) restricted to the nucleus: the smallest set of most probable tokens whose probability
+    mass reaches top_p; the rest become -inf.
+
+    Sorted by probability, a token is in the set when the mass of the tokens before it is still below top_p
+    (so the most probable token is always kept). Ties: a token as probable as the least probable member is
+    kept too, so the result does not depend on how the sort orders equal probabilities. top_p == 1 keeps all.
+    """
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}; use 1.0 (or None) to disable nucleus filtering")
+    if top_p == 1.0:
+        return logits
+    probs = F.softmax(logits.float(), dim=-1)
+    sorted_probs, _ = torch.sort(probs, dim=-1, descending=True)  # (..., V)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    in_nucleus = mass_before < top_p - TOP_P_TOLERANCE
+    in_nucleus[..., 0] = True
+    # the smallest probability inside the nucleus; everything at least that probable stays (ties)
+    threshold = sorted_probs.masked_fill(~in_nucleus, float("inf")).amin(dim=-1, keepdim=True)  # (..., 1)
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+def sample_next_token(
+    logits: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """One token per row from next-token logits (B, V) -> (B,) long. temperature 0 is greedy (argmax, first
+    index on ties); otherwise softmax(logits / temperature) restricted by top-k then top-p, drawn with
+    `generator` (torch's global generator when None)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        logits = filter_top_k(logits, top_k)
+    if top_p is not None:
+        logits = filter_top_p(logits, top_p)
+    probs = F.softmax(logits, dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+
+def check_sampling_options(
+    *, temperature: float, top_k: int | None, top_p: float | None, seed: int | None, generator: Any
+) -> None:
+    """Refuse out-of-range sampling options before any work, naming the value and the valid range."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
+        raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be an integer >= 1, got {top_k!r}; use None to disable top-k filtering")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}; use None (or 1.0) to disable nucleus filtering")
+    if seed is not None and generator is not None:
+        raise ValueError("pass either seed or generator, not both (a seed makes a fresh generator)")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+
+
+# ------------------------------------------------------------------------------------------ decoding
+def generate(model: "GPT", idx: torch.Tensor, max_new_tokens: int, **options: Any) -> torch.Tensor:
+    """Continue each row of `idx` (B, T) by up to `max_new_tokens` tokens; returns (B, T + steps).
+
+    steps is max_new_tokens, or fewer when every row has stopped earlier. Options are those of `stream`.
+
+    >>> out = model.generate(torch.tensor([[1, 2, 3]]), 8, temperature=0)     # doctest: +SKIP
+    """
+    steps = list(stream(model, idx, max_new_tokens, **options))
+    prompt = _truncated_prompt(model, idx, options.get("truncate")).to(model.transformer.wte.weight.device)
+    if not steps:
+        return prompt.clone()
+    return torch.cat([prompt.long(), torch.stack(steps, dim=1)], dim=1)
+
+
+def _truncated_prompt(model: "GPT", idx: torch.Tensor, truncate: Truncate) -> torch.Tensor:
+    block_size = model.config.block_size
+    return idx[:, -block_size:] if truncate == "left" and idx.size(1) > block_size else idx
+
+
+@torch.no_grad()
+def stream(
+    model: "GPT",
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    stop_token_ids: Iterable[int] | None = None,
+    stop_sequences: Iterable[Sequence[int]] | None = None,
+    pad_token_id: int | None = None,
+    attention_mask: torch.Tensor | None = None,
+    truncate: Truncate = None,
+    slide_by: int | None = None,
+    vocab_limit: int | None = None,
+    compile: bool = False,
+) -> Iterator[torch.Tensor]:
+    """Yield the next token of every row, (B,) long, one step at a time.
+
+    idx: (B, T) prompts; left-padded batches pass `attention_mask` (B, T), 1 = token, 0 = padding (see
+    `left_pad`). temperature / top_k / top_p: see `sample_next_token`. seed or generator: reproducible draws
+    (same seed, same tokens). stop_token_ids: a row stops after emitting any of these (e.g. end-of-text);
+    stop_sequences: ... or after its last tokens equal one of these sequences. A stopped row then gets
+    pad_token_id (default: the first stop token id, else 0) and the loop ends when all rows have stopped.
+    truncate="left": a prompt longer than block_size keeps its last block_size columns (otherwise an error).
+    slide_by: k, the re-prefill on a full cache keeps block_size - k tokens (module docstring).
+    vocab_limit: never draw ids >= this (a model whose vocabulary was padded beyond its tokenizer's).
+    compile: torch.compile the one-token decode step (worth it on GPU; the first call compiles).
+
+    Call `model.eval()` first: dropout in training mode would make the samples noisy.
+    """
+    config = model.config
+    check_sampling_options(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, generator=generator)
+    _check_prompt(model, idx, attention_mask, truncate)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    slide_by = config.block_size // DEFAULT_SLIDE_FRACTION if slide_by is None else slide_by
+    if isinstance(slide_by, bool) or not isinstance(slide_by, int) or not 0 <= slide_by < config.block_size:
+        raise ValueError(f"slide_by must be an integer in [0, block_size={config.block_size}), got {slide_by!r}")
+    stop_ids = _check_token_ids("stop_token_ids", stop_token_ids, config.vocab_size)
+    stop_seqs = [_check_token_ids("stop_sequences", sequence, config.vocab_size) for sequence in stop_sequences or ()]
+    if any(len(sequence) == 0 for sequence in stop_seqs):
+        raise ValueError("stop_sequences contains an empty sequence; every stop sequence needs a token")
+    stopping = bool(stop_ids or stop_seqs)
+    if pad_token_id is None:
+        pad_token_id = stop_ids[0] if stop_ids else 0
+    _check_token_ids("pad_token_id", [pad_token_id], config.vocab_size)
+    bad_limit = not isinstance(vocab_limit, int) or isinstance(vocab_limit, bool) or vocab_limit < 1
+    if vocab_limit is not None and bad_limit:
+        raise ValueError(f"vocab_limit must be a positive integer (the tokenizer's size), got {vocab_limit!r}")
+    limit_vocab = vocab_limit is not None and vocab_limit < config.vocab_size
+    if max_new_tokens == 0:
+        return
+
+    device = model.transformer.wte.weight.device
+    if seed is not None:
+        generator = torch.Generator(device=device).manual_seed(seed)
+    idx = _truncated_prompt(model, idx, truncate).to(device)
+    if attention_mask is not None:
+        attention_mask = attention_mask[:, -idx.size(1) :].to(device)
+        if bool(attention_mask.all()):
+            attention_mask = None  # no padding: the plain causal fast path, no mask built per step
+    B, T = idx.shape
+
+    # Every column so far (prompt + generated) and, with padding, its mask: the re-prefill reads its window here.
+    tokens = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=device)
+    tokens[:, :T] = idx
+    mask = None
+    if attention_mask is not None:
+        mask = torch.ones(B, T + max_new_tokens, dtype=torch.long, device=device)  # generated tokens are real
+        mask[:, :T] = attention_mask
+    stop_ids_tensor = torch.tensor(stop_ids, dtype=torch.long, device=device)
+    stop_seq_tensors = [torch.tensor(sequence, dtype=torch.long, device=device) for sequence in stop_seqs]
+    finished = torch.zeros(B, dtype=torch.bool, device=device)
+
+    cache = model.new_kv_cache(B, max_len=min(config.block_size, T + max_new_tokens))
+    decode_step: Callable[..., Any] = model._forward
+    if compile:
+        decode_step = torch.compile(model._forward, dynamic=True)
+
+    # prefill: the whole prompt (at most block_size columns) in one pass
+    logits = _prefill(model, tokens, mask, start=0, end=T, cache=cache)
+    window_start = 0  # the cache holds columns [window_start, window_start + cache.length)
+    positions = mask[:, :T].sum(dim=1, keepdim=True) if mask is not None else None  # (B, 1): next position
+    n = T  # columns filled
+    for step in range(max_new_tokens):
+        if limit_vocab:
+            logits[:, vocab_limit:] = float("-inf")  # logits is this step's own (B, V) tensor
+        next_token = sample_next_token(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+        if stopping:
+            next_token = next_token.masked_fill(finished, pad_token_id)
+        tokens[:, n] = next_token
+        n += 1
+        if stopping:
+            finished |= torch.isin(next_token, stop_ids_tensor)
+            for sequence in stop_seq_tensors:
+                if n >= len(sequence):
+                    finished |= (tokens[:, n - len(sequence) : n] == sequence).all(dim=1)
+        yield next_token
+        if step == max_new_tokens - 1 or (stopping and bool(finished.all())):
+            return
+        if cache.length == cache.max_len:
+            # Full window: re-prefill the last W columns at positions [0, W) (module docstring).
+            window_start = n - (config.block_size - slide_by)
+            cache.reset()
+            logits = _prefill(model, tokens, mask, start=window_start, end=n, cache=cache)
+            if mask is not None:
+                positions = mask[:, window_start:n].sum(dim=1, keepdim=True)
+            continue
+        # decode: feed the token just drawn at the next position; (B, 1, V) -> last logits (B, V)
+        step_mask = mask[:, window_start:n] if mask is not None else None
+        logits = decode_step(tokens[:, n - 1 : n], None, step_mask, positions, cache).logits[:, -1]
+        if positions is not None:
+            positions = positions + 1
+
+
+def _prefill(
+    model: "GPT", tokens: torch.Tensor, mask: torch.Tensor | None, *, start: int, end: int, cache: "KVCache"
+) -> torch.Tensor:
+    """Run columns [start, end) through the model into an empty cache; the last column's logits (B, V).
+    Position ids come from the window's mask (each row's first real token at position 0) or count from 0."""
+    window_mask = mask[:, start:end] if mask is not None else None
+    return model._forward(tokens[:, start:end], None, window_mask, None, cache).logits[:, -1]
+
+
+def _check_prompt(model: "GPT", idx: Any, attention_mask: Any, truncate: Truncate) -> None:
+    """Validate the prompt batch once, so the decode loop can call the model without per-step checks."""
+    config = model.config
+    if truncate not in (None, "left"):
+        raise ValueError(f"truncate must be None (error on a too-long prompt) or 'left', got {truncate!r}")
+    if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype not in (torch.int64, torch.int32):
+        shape = tuple(idx.shape) if isinstance(idx, torch.Tensor) else type(idx).__name__
+        raise ValueError(f"idx must be a (B, T) tensor of integer token ids, got {shape}; add a batch dimension")
+    B, T = idx.shape
+    if B == 0 or T == 0:
+        raise ValueError(f"idx must hold at least one prompt of at least one token, got shape {(B, T)}")
+    if T > config.block_size and truncate != "left":
+        raise ValueError(
+            f"prompt of {T} tokens exceeds the model's context block_size={config.block_size}; shorten it or pass "
+            "truncate='left' to keep its last block_size tokens"
+        )
+    if int(idx.min()) < 0 or int(idx.max()) >= config.vocab_size:
+        bad = idx[(idx < 0) | (idx >= config.vocab_size)][0].item()
+        raise ValueError(f"token id {bad} is outside the vocabulary [0, {config.vocab_size}); check the tokenizer")
+    if attention_mask is None:
+        return
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != idx.shape:
+        shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else attention_mask
+        raise ValueError(f"attention_mask must have the shape of idx {(B, T)}, got {shape}")
+    if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
+        raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
+    if not bool(attention_mask[:, -1].all()) or bool((attention_mask[:, 1:] < attention_mask[:, :-1]).any()):
+        raise ValueError(
+            "attention_mask must describe left padding (0s then 1s in every row, last column 1): generation "
+            "continues after the last column; build the batch with gpt2.generate.left_pad"
+        )
+
+
+def _check_token_ids(name: str, ids: Iterable[int] | None, vocab_size: int) -> list[int]:
+    values = [] if ids is None else list(ids)
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
+            raise ValueError(f"{name} holds {value!r}, which is not a token id in [0, {vocab_size})")
+    return values
+
+
+# ------------------------------------------------------------------------------------------ text
+def stream_text(
+    model: "GPT",
+    tokenizer: TextTokenizer,
+    prompt: str,
+    max_new_tokens: int,
+    **options: Any,
+) -> Iterator[str]:
+    """Yield the continuation of `prompt` as text pieces while it is generated.
+
+    Pieces go through the tokenizer's streaming decoder, which holds back the bytes of a character split
+    over several tokens, so no piece ends in half a character; their concatenation equals
+    `tokenizer.decode(new_tokens)` without the stop token. Stops at end-of-text unless `stop_token_ids` says
+    otherwise; never draws an id the tokenizer does not have (a padded vocabulary). Other options are those of
+    `stream`.
+
+    >>> for piece in stream_text(model, tok, "Once upon a time", 50, top_k=40):   # doctest: +SKIP
+    ...     print(piece, end="", flush=True)
+    """
+    ids = tokenizer.encode(prompt)
+    if not ids:
+        raise ValueError("the prompt encodes to no tokens; pass some text (or use the end-of-text token as a start)")
+    options.setdefault("stop_token_ids", [tokenizer.eot_token])
+    options.setdefault("vocab_limit", len(tokenizer))
+    stop_ids = set(options["stop_token_ids"] or ())
+    device = model.transformer.wte.weight.device
+    decoder = tokenizer.stream_decoder()
+    for token in stream(model, torch.tensor([ids], device=device), max_new_tokens, **options):
+        token_id = int(token[0])
+        if token_id in stop_ids:
+            break
+        piece = decoder.push(token_id)
+        if piece:
+            yield piece
+    rest = decoder.flush()
+    if rest:
+        yield rest
