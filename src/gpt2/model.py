@@ -94,8 +94,8 @@ class CausalSelfAttention(nn.Module):
         cache: tuple[torch.Tensor, torch.Tensor, int] | None = None,
         weights_out: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """x: (B, T, C). mask: None for plain causal attention over the T positions, else a bool (B or 1, 1, T, S)
-        where True means "may attend". cache: this layer's (k, v, past) buffers (B, nh, max_len, hs).
+        """x: (B, T, C). mask: None for causal attention without padding (T > 1: over the T fresh positions;
+        T == 1: the one new token sees all S keys), else a bool (B or 1, 1, T, S) where True means "may attend". cache: this layer's (k, v, past) buffers (B, nh, max_len, hs).
         weights_out: when given, the explicit path appends the (B, nh, T, S) attention weights to it."""
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
@@ -112,7 +112,9 @@ class CausalSelfAttention(nn.Module):
         if self.explicit or weights_out is not None:
             y = self._explicit_attention(q, k, v, mask, dropout_p, weights_out)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=mask is None)
+            # No mask: causal over T fresh positions, or (T == 1) one new token that sees every cached key.
+            is_causal = mask is None and T > 1
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble heads side by side
         return self.resid_dropout(self.c_proj(y))
 
@@ -284,13 +286,12 @@ class GPT(nn.Module):
     def _attention_mask(
         attention_mask: torch.Tensor | None, T: int, past: int, device: torch.device
     ) -> torch.Tensor | None:
-        """The boolean mask attention uses: None when plain causal attention over T fresh positions suffices
-        (the fused kernels' fast path), else (B or 1, 1, T, S) with True = may attend."""
+        """The boolean mask attention uses: None when no padding and either nothing is cached (plain causal
+        attention, the fused kernels' fast path) or one new token is decoded (it sees every key); else
+        (B or 1, 1, T, S) with True = may attend."""
         S = past + T
-        if attention_mask is None and past == 0:
+        if attention_mask is None and (past == 0 or T == 1):
             return None
-        if attention_mask is None and T == 1:
-            return torch.ones(1, 1, 1, S, dtype=torch.bool, device=device)  # one new token sees everything
         causal = torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=past)  # (T, S)
         if attention_mask is None:
             return causal.view(1, 1, T, S)
