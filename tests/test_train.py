@@ -1,0 +1,385 @@
+"""Training: config, LR schedule, optimizer groups, the loop, checkpoints and resume, the main-job path.
+
+Every run here is a tiny model on a tiny byte-level corpus in a temp dir, on the CPU, seeded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpt2.cli import main as cli_main
+from gpt2.model import GPT
+from gpt2.train import (
+    PRESETS,
+    TrainConfig,
+    TrainingDiverged,
+    checkpoint_dirs,
+    configure_optimizer,
+    latest_checkpoint,
+    learning_rate_at,
+    load_config,
+    load_train_state,
+    parameter_groups,
+    train,
+)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tests share a small machine; one thread also keeps float sums in a fixed order."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def write_corpus(path: Path, words: int = 4000, seed: int = 0) -> Path:
+    """A deterministic text of made-up words and lines (about 5 bytes per word)."""
+    rng = random.Random(seed)
+    vocab = ["def", "return", "self", "if", "else", "x", "y", "for", "in", "range", "(", ")", ":", "=", "+", "1"]
+    lines, line = [], []
+    for _ in range(words):
+        line.append(rng.choice(vocab))
+        if rng.random() < 0.15:
+            lines.append(" ".join(line))
+            line = []
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def tiny_config(tmp_path: Path, **overrides) -> TrainConfig:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    values = dict(
+        data=str(write_corpus(tmp_path / "corpus.txt")), tokenizer="byte",
+        model="gpt2-tiny", n_layer=2, n_head=2, n_embd=32, block_size=16, dropout=0.0,
+        batch_size=4, max_steps=8, learning_rate=1e-2, warmup_steps=2, min_lr_ratio=0.1,
+        eval_interval=4, eval_batches=2, checkpoint_interval=4, keep_checkpoints=2,
+        sample_tokens=0, device="cpu", dtype="float32", out_dir=str(tmp_path / "out"),
+    )  # fmt: skip
+    values.update(overrides)
+    return TrainConfig.from_dict(values)
+
+
+def read_weights(directory: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(directory / "model.safetensors")
+
+
+def metric_lines(out_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+# --------------------------------------------------------------------------------------------- config
+def test_unknown_config_key_is_an_error_listing_the_valid_keys(tmp_path):
+    with pytest.raises(ValueError, match=r"unknown training config key\(s\) \['learning_rat'\].*valid keys: .*learning_rate"):
+        TrainConfig.from_name("stdlib", learning_rat=1e-3)
+    toml = tmp_path / "run.toml"
+    toml.write_text('preset = "stdlib"\nmax_step = 10\n')
+    with pytest.raises(ValueError, match=r"\['max_step'\].*max_steps"):
+        TrainConfig.from_toml(toml)
+
+
+def test_toml_file_starts_from_its_preset_and_overrides_win(tmp_path):
+    toml = tmp_path / "run.toml"
+    toml.write_text('preset = "shakespeare-char"\nmax_steps = 50\nout_dir = "runs/a"\n')
+    config = load_config(toml, ["max_steps=7", "device=cpu", "learning_rate=3e-4", "sample_top_k=none"])
+    assert (config.max_steps, config.device, config.learning_rate, config.sample_top_k) == (7, "cpu", 3e-4, None)
+    assert config.out_dir == "runs/a" and config.tokenizer == "byte" and config.block_size == 64
+
+
+def test_config_round_trips_through_toml(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text(PRESETS["gpt2-124m"].to_toml())
+    assert TrainConfig.from_toml(path) == PRESETS["gpt2-124m"]
+
+
+def test_bad_config_values_name_the_field():
+    with pytest.raises(ValueError, match="max_steps must be int, got 'ten'"):
+        TrainConfig.from_name("stdlib", max_steps="ten")
+    with pytest.raises(ValueError, match=r"n_embd \(100\) must be divisible by n_head \(3\)"):
+        TrainConfig.from_name("stdlib", n_embd=100, n_head=3)
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        TrainConfig.from_name("stdlib", dtype="fp8")
+
+
+def test_gpt2_124m_preset_is_the_published_recipe():
+    config = PRESETS["gpt2-124m"]
+    assert config.total_batch_tokens == 2**19  # ~0.5M tokens per step
+    assert (config.beta1, config.beta2, config.weight_decay, config.grad_clip) == (0.9, 0.95, 0.1, 1.0)
+    assert (config.learning_rate, config.min_lr) == (6e-4, pytest.approx(6e-5))
+    model = config.model_config(vocab_size=50257)
+    assert (model.n_layer, model.n_head, model.n_embd, model.block_size) == (12, 12, 768, 1024)
+
+
+# ------------------------------------------------------------------------------------------- schedule
+def test_lr_schedule_at_every_step():
+    # 3 warmup steps (step 0 already at 1/3 of the peak), cosine from step 3 down to the floor at step 10
+    got = [learning_rate_at(s, max_lr=1.0, min_lr=0.1, warmup_steps=3, decay_steps=10) for s in range(12)]
+    expected = [1 / 3, 2 / 3, 1.0, 1.0, 0.9157348, 0.6904104, 0.4095896, 0.1842652, 0.1, 0.1, 0.1, 0.1]
+    expected[3:10] = [0.1 + 0.45 * (1 + math.cos(math.pi * (s - 3) / 7)) for s in range(3, 10)]
+    assert got == pytest.approx(expected, abs=1e-12)
+    assert all(a >= b for a, b in zip(got[2:], got[3:]))  # never increases after warmup
+
+
+def test_lr_schedule_without_warmup_starts_at_the_peak_and_ends_at_the_floor():
+    lrs = [learning_rate_at(s, max_lr=6e-4, min_lr=6e-5, warmup_steps=0, decay_steps=4) for s in range(6)]
+    assert lrs == pytest.approx([6e-4, 6e-5 + 5.4e-4 * (1 + math.cos(math.pi / 4)) / 2, 3.3e-4,
+                                 6e-5 + 5.4e-4 * (1 + math.cos(3 * math.pi / 4)) / 2, 6e-5, 6e-5])  # fmt: skip
+
+
+def test_the_loop_uses_the_schedule_at_every_step(tmp_path):
+    config = tiny_config(tmp_path, max_steps=6, warmup_steps=2, eval_interval=0)
+    train(config)
+    logged = [r["lr"] for r in metric_lines(Path(config.out_dir)) if "lr" in r]
+    assert logged == [learning_rate_at(s, max_lr=1e-2, min_lr=1e-3, warmup_steps=2, decay_steps=6) for s in range(6)]
+
+
+# ------------------------------------------------------------------------------------------ optimizer
+def test_weight_decay_only_on_2d_parameters_and_every_parameter_in_exactly_one_group():
+    model = GPT(TrainConfig().model_config(vocab_size=300))
+    decay, no_decay = parameter_groups(model, weight_decay=0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() == 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
+    grouped = [id(p) for p in decay["params"] + no_decay["params"]]
+    assert len(grouped) == len(set(grouped))
+    assert set(grouped) == {id(p) for p in model.parameters()}
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert {names[id(p)] for p in decay["params"]} >= {"transformer.wte.weight", "transformer.wpe.weight"}
+    assert not any(names[id(p)].endswith("bias") or ".ln_" in names[id(p)] for p in decay["params"])
+
+
+@pytest.mark.parametrize("impl", ["fused", "foreach"])
+def test_fast_adamw_variants_compute_what_the_plain_loop_computes(impl):
+    # a model whose every gradient is well away from 0 (Adam turns float noise in a zero gradient into +-lr)
+    torch.manual_seed(0)
+    reference = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4))
+    fast = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4))
+    fast.load_state_dict(reference.state_dict())
+    x = torch.randn(64, 16)
+    for model, name in ((reference, "for-loop"), (fast, impl)):
+        optimizer = configure_optimizer(model, TrainConfig(optimizer_impl=name), torch.device("cpu"))
+        for _ in range(5):
+            ((model(x) - 1.0) ** 2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    for (name, a), b in zip(reference.state_dict().items(), fast.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=name)
+
+
+# ---------------------------------------------------------------------------------------------- loop
+def test_training_lowers_the_loss_and_writes_checkpoint_metrics_and_plot(tmp_path):
+    config = tiny_config(tmp_path, max_steps=12, checkpoint_interval=4)
+    result = train(config)
+    out = Path(config.out_dir)
+    assert result.step == 12 and len(result.losses) == 12
+    assert result.val_losses[12] < result.val_losses[0] - 0.5
+    assert [p.name for p in checkpoint_dirs(out)] == ["step_00000008", "step_00000012"]  # keep_checkpoints=2
+    assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    lines = metric_lines(out)
+    assert [r["step"] for r in lines if "loss" in r] == list(range(1, 13))
+    assert [r["step"] for r in lines if "val_loss" in r] == [0, 4, 8, 12]
+    loaded = GPT.from_pretrained(out)  # the top-level export is the latest checkpoint's model
+    assert all(torch.equal(a, b) for a, b in zip(read_weights(out).values(), read_weights(result.checkpoint).values()))
+    assert loaded.config.vocab_size == 257
+
+
+def test_resume_continues_exactly(tmp_path):
+    # dropout on, so the RNG must be restored too
+    whole = tiny_config(tmp_path / "a", dropout=0.1)
+    pieces = tiny_config(tmp_path / "b", dropout=0.1)
+    straight = train(whole)
+    first = train(pieces, stop_at_step=4)
+    second = train(pieces, resume=True)
+    assert (first.step, second.start_step, second.step) == (4, 4, 8)
+    assert first.losses + second.losses == straight.losses
+    a, b = read_weights(Path(whole.out_dir)), read_weights(Path(pieces.out_dir))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert metric_lines(Path(whole.out_dir)) != [] and [
+        {k: v for k, v in r.items() if k not in ("dt_ms", "tokens_per_s")} for r in metric_lines(Path(whole.out_dir))
+    ] == [{k: v for k, v in r.items() if k not in ("dt_ms", "tokens_per_s")} for r in metric_lines(Path(pieces.out_dir))]
+
+
+def test_a_fresh_run_into_an_existing_run_needs_resume_or_overwrite(tmp_path):
+    config = tiny_config(tmp_path, max_steps=2, eval_interval=0)
+    train(config)
+    with pytest.raises(FileExistsError, match="already holds a run .*step_00000002.*--resume.*--overwrite"):
+        train(config)
+    again = train(config.replace(max_steps=3), overwrite=True)
+    assert again.start_step == 0 and [p.name for p in checkpoint_dirs(config.out_dir)] == ["step_00000003"]
+    with pytest.raises(ValueError, match="nothing to do: .* step 3 and max_steps=3"):
+        train(config.replace(max_steps=3), resume=True)
+
+
+def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint in .*start without --resume"):
+        train(tiny_config(tmp_path), resume=True)
+
+
+def test_data_shorter_than_one_block_is_a_clear_error(tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text("x" * 100)  # 101 tokens with the leading EOT: 90 train, 11 val
+    with pytest.raises(ValueError, match=r"the train split of .* has 90 tokens, fewer than block_size \+ 1 = 129"):
+        train(tiny_config(tmp_path, data=str(short), block_size=128))
+    with pytest.raises(ValueError, match=r"val split .* 11 tokens.*eval_interval=0"):
+        train(tiny_config(tmp_path, data=str(short), block_size=16))
+
+
+def test_missing_data_file_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="training data .*nope.txt.* does not exist"):
+        train(tiny_config(tmp_path, data=str(tmp_path / "nope.txt")))
+
+
+def test_non_finite_loss_stops_with_a_clear_message_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    config = tiny_config(tmp_path, checkpoint_interval=2, eval_interval=0)
+    calls = {"n": 0}
+    forward = GPT.forward
+
+    def poisoned(self, idx, targets=None, **kwargs):
+        out = forward(self, idx, targets, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == 5:  # the 5th training step
+            return out._replace(loss=out.loss * float("nan"))
+        return out
+
+    monkeypatch.setattr(GPT, "forward", poisoned)
+    with pytest.raises(TrainingDiverged, match=r"loss is nan at step 5; .*last good checkpoint is .*step_00000004"):
+        train(config)
+    good = latest_checkpoint(config.out_dir)
+    assert good.name == "step_00000004" and load_train_state(good)["step"] == 4
+    assert torch.equal(read_weights(Path(config.out_dir))["transformer.wte.weight"], read_weights(good)["transformer.wte.weight"])
+    GPT.from_pretrained(good)
+
+
+def test_an_interrupted_checkpoint_write_leaves_the_previous_checkpoint_loadable(tmp_path, monkeypatch):
+    import gpt2.train as train_module
+
+    config = tiny_config(tmp_path, checkpoint_interval=2, eval_interval=0)
+    real_save = torch.save
+    calls = {"n": 0}
+
+    def failing_save(obj, f, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second checkpoint dies half-way through its train_state.pt
+            f.write(b"PK\x03\x04 half a file")
+            raise OSError("disk full (simulated)")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(train_module.torch, "save", failing_save)
+    with pytest.raises(OSError, match="simulated"):
+        train(config)
+    monkeypatch.setattr(train_module.torch, "save", real_save)
+    root = Path(config.out_dir) / "checkpoints"
+    assert [p.name for p in root.iterdir()] == ["step_00000002"]  # no half-written folder left behind
+    assert load_train_state(root / "step_00000002")["step"] == 2
+    GPT.from_pretrained(root / "step_00000002")
+    resumed = train(config, resume=True)
+    assert (resumed.start_step, resumed.step) == (2, 8)
+
+
+def test_a_checkpoint_with_a_pickle_payload_is_refused_without_running_it(tmp_path):
+    config = tiny_config(tmp_path, max_steps=2, checkpoint_interval=2, eval_interval=0)
+    train(config)
+    marker = tmp_path / "payload-ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    checkpoint = latest_checkpoint(config.out_dir)
+    torch.save({"format": "gpt2-train-state", "version": 1, "step": 2, "evil": Payload()},
+               checkpoint / "train_state.pt")  # fmt: skip
+    with pytest.raises(ValueError, match="refused"):
+        load_train_state(checkpoint)
+    with pytest.raises(ValueError, match="refused"):
+        train(config.replace(max_steps=4), resume=True)
+    assert not marker.exists()
+
+
+def test_ctrl_c_saves_a_checkpoint_and_returns_cleanly(tmp_path, monkeypatch):
+    config = tiny_config(tmp_path, checkpoint_interval=0, eval_interval=0)
+    calls = {"n": 0}
+    forward = GPT.forward
+
+    def interrupting(self, idx, targets=None, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # arrives during step 3; the step still completes
+        return forward(self, idx, targets, **kwargs)
+
+    monkeypatch.setattr(GPT, "forward", interrupting)
+    result = train(config)
+    assert result.interrupted and result.step == 3
+    assert latest_checkpoint(config.out_dir).name == "step_00000003"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+    monkeypatch.setattr(GPT, "forward", forward)
+    assert train(config, resume=True).step == 8
+
+
+def test_bfloat16_autocast_on_cpu_trains(tmp_path):
+    result = train(tiny_config(tmp_path, dtype="bfloat16", max_steps=4, eval_interval=2))
+    assert all(math.isfinite(v) for v in result.losses) and result.val_losses[4] < result.val_losses[0]
+    assert read_weights(Path(result.out_dir))["transformer.wte.weight"].dtype == torch.float32  # params stay float32
+
+
+def test_total_batch_tokens_must_divide_into_micro_steps(tmp_path):
+    with pytest.raises(ValueError, match="total_batch_tokens=100 is not a multiple of .* = 64"):
+        train(tiny_config(tmp_path, total_batch_tokens=100))
+
+
+# ----------------------------------------------------------------------------------------- main job
+def test_main_job_runs_end_to_end_at_a_tiny_size(tmp_path, capsys):
+    out = tmp_path / "stdlib"
+    status = cli_main([
+        "train", "stdlib", "--no-progress", "--out-dir", str(out),
+        "--set", "max_corpus_bytes=120000", "--set", "vocab_size=320", "--set", "max_steps=6",
+        "--set", "n_layer=1", "--set", "n_embd=32", "--set", "block_size=32", "--set", "batch_size=4",
+        "--set", "eval_interval=3", "--set", "eval_batches=1", "--set", "sample_tokens=12", "--set", "device=cpu",
+    ])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert status == 0
+    assert "val loss" in printed and "sample (12 tokens after 'def')" in printed
+    for name in ("model.safetensors", "config.json", "vocab.json", "merges.txt", "metrics.jsonl", "loss.png"):
+        assert (out / name).is_file(), name
+    assert latest_checkpoint(out).name == "step_00000006"
+    from gpt2.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_pretrained(out)
+    model = GPT.from_pretrained(out)
+    assert tokenizer.vocab_size == model.config.vocab_size == 320
+
+
+def test_cli_reports_a_bad_key_in_one_line(capsys):
+    assert cli_main(["train", "--set", "nope=1", "--print-config"]) == 2
+    assert "unknown training config key(s) ['nope']" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_compiled_model_trains_like_the_eager_one(tmp_path):
+    compiled = train(tiny_config(tmp_path / "compiled", compile=True, max_steps=4, eval_interval=2))
+    eager = train(tiny_config(tmp_path / "eager", max_steps=4, eval_interval=2))
+    assert compiled.losses == pytest.approx(eager.losses, abs=1e-5)
+    ours, reference = read_weights(Path(compiled.out_dir)), read_weights(Path(eager.out_dir))
+    assert ours.keys() == reference.keys()  # no _orig_mod. prefix in the file
+    for name in ours:
+        torch.testing.assert_close(ours[name], reference[name], rtol=0, atol=1e-4, msg=name)
+
+
+def test_stdlib_corpus_is_library_code_in_a_fixed_order():
+    from gpt2.corpus import EXCLUDED_DIRS, stdlib_files, stdlib_root
+
+    files = stdlib_files()
+    root = stdlib_root()
+    assert files == stdlib_files() and len(files) > 100
+    assert all(f.suffix == ".py" and not set(f.relative_to(root).parts[:-1]) & EXCLUDED_DIRS for f in files)
+    subset = stdlib_files(max_bytes=50_000)
+    assert subset == files[: len(subset)] or sum(f.stat().st_size for f in subset) <= 50_000
+    assert sum(f.stat().st_size for f in subset) <= 50_000 or len(subset) == 1
