@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("GPT2_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
@@ -37,3 +38,13 @@ def tinyshakespeare() -> Path:
 @pytest.fixture
 def fixtures_dir() -> Path:
     return shared_file("fixtures/expected.json").parent
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Every test runs torch on one thread: the models are tiny (a second thread only waits on the other, often
+    busy, core) and float reductions then run in one fixed order. Restored afterwards."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

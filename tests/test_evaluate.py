@@ -46,15 +46,6 @@ N_EMBD = 64
 PAIR_STRENGTH = 1.5  # s: partner logit L = s^2 / sqrt(2 s^2 / C + eps) ~ 12, so greedy picks the partner
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread (no contention with other work on the machine); restored after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def tiny_config(**overrides) -> GPTConfig:
     values = dict(vocab_size=V, block_size=16, n_layer=1, n_head=2, n_embd=N_EMBD)
     values.update(overrides)

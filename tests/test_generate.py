@@ -22,15 +22,6 @@ SEED = 1234
 NEG_INF = float("-inf")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These tensors are tiny: a second thread only waits on the other (shared, busy) core."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def random_gpt(*, vocab_size: int = 300, block_size: int = 64, weight_std: float = 0.1) -> GPT:
     """A tiny GPT with weights large enough (std 0.1, GPT-2's is 0.02) that argmax ties are not a coin flip."""
     torch.manual_seed(SEED)

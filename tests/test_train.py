@@ -17,28 +17,9 @@ import torch
 
 from gpt2.cli import main as cli_main
 from gpt2.model import GPT
-from gpt2.train import (
-    PRESETS,
-    TrainConfig,
-    TrainingDiverged,
-    checkpoint_dirs,
-    configure_optimizer,
-    latest_checkpoint,
-    learning_rate_at,
-    load_config,
-    load_train_state,
-    parameter_groups,
-    train,
-)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tests share a small machine; one thread also keeps float sums in a fixed order."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+from gpt2.train import TrainingDiverged, configure_optimizer, learning_rate_at, parameter_groups, train
+from gpt2.train_checkpoint import checkpoint_dirs, latest_checkpoint, load_train_state
+from gpt2.train_config import PRESETS, TrainConfig, load_config
 
 
 def write_corpus(path: Path, words: int = 4000, seed: int = 0) -> Path:
@@ -58,7 +39,7 @@ def write_corpus(path: Path, words: int = 4000, seed: int = 0) -> Path:
 def tiny_config(tmp_path: Path, **overrides) -> TrainConfig:
     tmp_path.mkdir(parents=True, exist_ok=True)
     values = dict(
-        data=str(write_corpus(tmp_path / "corpus.txt")), tokenizer="byte",
+        data=str(write_corpus(tmp_path / "corpus.txt")), tokenizer="bytes",
         model="gpt2-tiny", n_layer=2, n_head=2, n_embd=32, block_size=16, dropout=0.0,
         batch_size=4, max_steps=8, learning_rate=1e-2, warmup_steps=2, min_lr_ratio=0.1,
         eval_interval=4, eval_batches=2, checkpoint_interval=4, keep_checkpoints=2,
@@ -93,7 +74,7 @@ def test_toml_file_starts_from_its_preset_and_overrides_win(tmp_path):
     toml.write_text('preset = "shakespeare-char"\nmax_steps = 50\nout_dir = "runs/a"\n')
     config = load_config(toml, ["max_steps=7", "device=cpu", "learning_rate=3e-4", "sample_top_k=none"])
     assert (config.max_steps, config.device, config.learning_rate, config.sample_top_k) == (7, "cpu", 3e-4, None)
-    assert config.out_dir == "runs/a" and config.tokenizer == "byte" and config.block_size == 64
+    assert config.out_dir == "runs/a" and config.tokenizer == "bytes" and config.block_size == 64
 
 
 def test_config_round_trips_through_toml(tmp_path):

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt2.train import TrainConfig, train
+from gpt2.train import train
+from gpt2.train_config import TrainConfig
 
 from test_train import read_weights, tiny_config
 
@@ -41,14 +42,6 @@ def torchrun(config: TrainConfig, tmp_path: Path) -> list[float]:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = (Path(config.out_dir) / "metrics.jsonl").read_text().splitlines()
     return [record["loss"] for record in map(json.loads, lines) if "loss" in record]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 
 from gpt2.config import GPTConfig
+from gpt2.files import atomic_write_bytes
 from gpt2.hub import resolve_pretrained
 from gpt2.model import GPT
 
@@ -215,15 +215,6 @@ def hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
             if isinstance(module, (torch.nn.Linear, torch.nn.LayerNorm)) and name != "lm_head":
                 tensors[f"{name}.bias"] = torch.zeros(module.weight.shape[0], dtype=module.weight.dtype)
     return tensors
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write via a temporary file in the same directory and a rename, so a crash never leaves half a file."""
-    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
-        tmp.write(data)
-        tmp.flush()
-        os.fsync(tmp.fileno())
-    os.replace(tmp.name, path)
 
 
 def save_pretrained(model: GPT, directory: str | os.PathLike[str]) -> None:

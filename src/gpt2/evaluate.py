@@ -28,7 +28,6 @@ import json
 import math
 import os
 import re
-import tempfile
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
@@ -39,6 +38,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from gpt2.files import atomic_write_bytes
 from gpt2.model import GPT, IGNORE_INDEX
 
 HellaSwagStyle = Literal["nanogpt", "lm-eval"]
@@ -604,12 +604,5 @@ def fetch_dataset(name: str, cache_dir: str | Path | None = None) -> Path:
     if remote.sha256 is not None and digest != remote.sha256:
         raise ValueError(f"{remote.url} has sha256 {digest}, expected {remote.sha256}; the download is corrupt")
     directory.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".{remote.filename}.")
-    try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(data)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(path, data)
     return path

@@ -33,7 +33,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import AbstractSet, Callable, Iterable, Iterator, Literal, Sequence
@@ -41,6 +40,7 @@ from typing import AbstractSet, Callable, Iterable, Iterator, Literal, Sequence
 import tiktoken
 
 from gpt2.bpe_reference import bytes_to_unicode, gpt2_byte_order, symbol_to_bytes, unicode_to_bytes
+from gpt2.files import atomic_write_text
 
 EOT_TEXT = "<|endoftext|>"
 # GPT-2's split pattern (bpe_reference.GPT2_SPLIT_PATTERN) in tiktoken's equivalent, faster spelling
@@ -112,18 +112,6 @@ def _check_ids(ids: Sequence[int], vocab_size: int) -> None:
 def _chunks(items: Sequence[str], count: int) -> list[Sequence[str]]:
     size = -(-len(items) // count)
     return [items[start : start + size] for start in range(0, len(items), size)]
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write via a temporary file and rename, so an interrupted save never leaves half a vocabulary."""
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8", newline="\n") as file:
-            file.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def _batch(
@@ -368,8 +356,8 @@ class Tokenizer:
         vocab_text = json.dumps(dict(sorted(self._vocab.items(), key=lambda item: item[1])), ensure_ascii=False)
         merges_text = "\n".join([MERGES_HEADER, *(f"{left} {right}" for left, right in self._merges)]) + "\n"
         for vocab_name, merges_name in (OPENAI_FILES, HF_FILES):
-            _write_atomic(directory / vocab_name, vocab_text)
-            _write_atomic(directory / merges_name, merges_text)
+            atomic_write_text(directory / vocab_name, vocab_text)
+            atomic_write_text(directory / merges_name, merges_text)
         return directory
 
     # -------------------------------------------------------------------------------------------- encoding
@@ -493,7 +481,7 @@ class ByteTokenizer:
     def save(self, directory: str | Path) -> Path:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        _write_atomic(directory / BYTE_TOKENIZER_FILE, json.dumps(self._description(), indent=2) + "\n")
+        atomic_write_text(directory / BYTE_TOKENIZER_FILE, json.dumps(self._description(), indent=2) + "\n")
         return directory
 
     def encode(self, text: str, *, allowed_special: AllowedSpecial = frozenset()) -> list[int]:
@@ -620,3 +608,14 @@ def train_tokenizer(
     vocab[EOT_TEXT] = len(vocab)
     assert set(unicode_to_bytes()) <= set(vocab)
     return Tokenizer(vocab, merges, source="train_tokenizer")
+
+
+BYTE_TOKENIZER_NAMES = ("bytes", "byte")  # what `load_tokenizer` reads as "the plain byte tokenizer"
+
+
+def load_tokenizer(spec: str | os.PathLike[str]) -> Tokenizer | ByteTokenizer:
+    """'bytes' (or 'byte') -> ByteTokenizer(); anything else -> Tokenizer.from_pretrained (a directory holding
+    any supported layout, a saved byte tokenizer included, or a Hub name)."""
+    if str(spec) in BYTE_TOKENIZER_NAMES:
+        return ByteTokenizer()
+    return Tokenizer.from_pretrained(spec)

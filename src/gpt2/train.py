@@ -1,4 +1,5 @@
-"""Training: the config, the LR schedule, the optimizer, the loop, training-state checkpoints, DDP/FSDP.
+"""Training: the LR schedule, the optimizer, the loop, DDP/FSDP. The config is in train_config.py, the
+resumable checkpoints in train_checkpoint.py, device and precision in device.py.
 
 One optimizer step reads as a recipe (llm.c's order): set the LR; run `grad_accum_steps` micro-steps, each
 adding loss / grad_accum_steps to the gradients; clip; step; zero the gradients; synchronize the device; log.
@@ -21,41 +22,39 @@ Output directory layout (OUT = config.out_dir):
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
 import os
 import shutil
 import signal
 import time
-import tomllib
-import types
-import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 import numpy as np
 import torch
 import torch.distributed as torch_dist
 import torch.nn as nn
 
-from gpt2.config import PRESETS as MODEL_PRESETS
 from gpt2.config import GPTConfig
+from gpt2.device import autocast, resolve_device, resolve_dtype, synchronize
 from gpt2.model import GPT
+from gpt2.train_checkpoint import (
+    CHECKPOINTS_DIR,
+    TRAIN_STATE_FORMAT,
+    TRAIN_STATE_VERSION,
+    checkpoint_dirs,
+    latest_checkpoint,
+    load_checkpoint_weights,
+    load_train_state,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from gpt2.train_config import TrainConfig
 
-DeviceName = str  # "auto", "cpu", "cuda", "cuda:1", ...
-DtypeName = Literal["auto", "float32", "bfloat16", "float16"]
-TokenizerSpec = str  # "byte", "bpe" (train one on the corpus), or a tokenizer directory / Hub name
-Parallel = Literal["ddp", "fsdp"]
-OptimizerImpl = Literal["auto", "fused", "foreach", "for-loop"]
 
-TRAIN_STATE_FILE = "train_state.pt"
-TRAIN_CONFIG_FILE = "train_config.json"
-TRAIN_STATE_FORMAT = "gpt2-train-state"
-TRAIN_STATE_VERSION = 1
-CHECKPOINTS_DIR = "checkpoints"
-CHECKPOINT_PREFIX = "step_"
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "loss.png"
 DATA_DIR = "data"
@@ -77,314 +76,6 @@ PEAK_FLOPS_BF16: dict[str, float] = {
     "V100": 125e12,  # fp16 (no bf16 on Volta)
     "T4": 65e12,  # fp16
 }
-
-
-# ================================================================================================ config
-@dataclass(frozen=True)
-class TrainConfig:
-    """Everything a training run needs, validated at construction. Presets in `PRESETS`; load a TOML file with
-    `TrainConfig.from_toml(path, **overrides)`: a flat table of these fields, plus optionally `preset = "name"`
-    to start from a preset.
-    """
-
-    # --- data and tokenizer
-    data: str = "stdlib"
-    """'stdlib' (the built-in corpus: this Python's standard library source), a text file or folder of text
-    files (tokenized into OUT/data), or a folder prepared by `gpt2 prepare` (has manifest.json)."""
-    tokenizer: TokenizerSpec = "bpe"
-    """'bpe': train a byte-level BPE of `vocab_size` ids on the corpus; 'byte': UTF-8 bytes (257 ids); or a
-    tokenizer directory / Hub name (e.g. 'gpt2')."""
-    vocab_size: int = 4096
-    """Vocabulary size of the BPE trained when tokenizer='bpe' (ignored otherwise: the tokenizer decides)."""
-    max_corpus_bytes: int | None = None
-    """Use only the first files of the corpus up to this many bytes (quick trials, tests); None = all of it."""
-    val_fraction: float = 0.1
-    """The last fraction of the token stream held out as the val split (when this run tokenizes the data)."""
-
-    # --- model (a GPTConfig preset, with optional changes)
-    model: str = "gpt2-mini"
-    """Model shape preset from gpt2.config.PRESETS; the fields below override it when set."""
-    n_layer: int | None = None
-    n_head: int | None = None
-    n_embd: int | None = None
-    block_size: int | None = None
-    """Context length used for training (also the model's number of positions)."""
-    dropout: float | None = None
-
-    # --- batch
-    batch_size: int = 16
-    """Sequences per micro-step per process."""
-    grad_accum_steps: int = 1
-    """Micro-steps per optimizer step (ignored when total_batch_tokens is set)."""
-    total_batch_tokens: int | None = None
-    """Tokens per optimizer step over all processes; grad_accum_steps is then derived as
-    total_batch_tokens / (batch_size * block_size * world_size), which must divide exactly."""
-
-    # --- optimization (AdamW, linear warmup, cosine decay)
-    max_steps: int = 1000
-    """Optimizer steps; the cosine decay ends here."""
-    learning_rate: float = 6e-4
-    """Peak learning rate, reached at the end of warmup."""
-    min_lr_ratio: float = 0.1
-    """The learning rate decays to learning_rate * min_lr_ratio."""
-    warmup_steps: int = 100
-    weight_decay: float = 0.1
-    """Applied to the 2-D parameters (matmul weights, embeddings) only; biases and LayerNorm gains get 0."""
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    grad_clip: float = 1.0
-    """Clip the global gradient norm to this; 0 disables clipping."""
-    optimizer_impl: OptimizerImpl = "auto"
-    """AdamW implementation: 'auto' = fused where available (CUDA, and CPU), else foreach."""
-
-    # --- evaluation, logging, checkpoints
-    eval_interval: int = 100
-    """Evaluate on the val split every this many steps (and at the first and last step); 0 = never."""
-    eval_batches: int = 20
-    """Batches per evaluation (per process)."""
-    log_interval: int = 1
-    """Write a metrics line every this many steps."""
-    checkpoint_interval: int = 500
-    """Save a training checkpoint every this many steps (and always at the end); 0 = only at the end."""
-    keep_checkpoints: int = 2
-    """How many of the most recent checkpoints to keep."""
-    out_dir: str = "out/stdlib"
-
-    # --- sample printed at the end
-    sample_prompt: str = "def "
-    sample_tokens: int = 200
-    """Tokens to generate after training (0 = no sample)."""
-    sample_temperature: float = 0.8
-    sample_top_k: int | None = 50
-
-    # --- systems
-    device: DeviceName = "auto"
-    """'auto' (CUDA when present, else CPU), or a torch device string such as 'cpu' or 'cuda:0'."""
-    dtype: DtypeName = "auto"
-    """Autocast dtype: 'auto' = bfloat16 on CUDA when supported (float16 + GradScaler otherwise); on a CPU
-    bfloat16 when it has native bf16 instructions (AVX512-BF16, AMX), else float32. Parameters and optimizer
-    state stay float32."""
-    compile: bool = False
-    """torch.compile the model for training steps."""
-    parallel: Parallel = "ddp"
-    """Under torchrun (WORLD_SIZE > 1): 'ddp' replicates the model; 'fsdp' shards parameters, gradients and
-    optimizer state (FSDP2 fully_shard per block) for models that do not fit one device."""
-    seed: int = 1337
-
-    def __post_init__(self) -> None:
-        hints = typing.get_type_hints(type(self))
-        for field in dataclasses.fields(self):
-            _check_type(field.name, getattr(self, field.name), hints[field.name])
-        positive = ("vocab_size", "batch_size", "grad_accum_steps", "max_steps", "eval_batches", "log_interval",
-                    "keep_checkpoints")  # fmt: skip
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
-        for name in ("n_layer", "n_head", "n_embd", "block_size", "total_batch_tokens", "max_corpus_bytes",
-                     "sample_top_k"):  # fmt: skip
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ValueError(f"{name} must be a positive integer or unset, got {value}")
-        for name in ("warmup_steps", "eval_interval", "checkpoint_interval", "sample_tokens", "seed"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.tokenizer == "bpe" and self.vocab_size < 257:
-            raise ValueError(f"vocab_size must be at least 257 (256 bytes + <|endoftext|>), got {self.vocab_size}")
-        if self.model not in MODEL_PRESETS:
-            raise ValueError(f"unknown model preset {self.model!r}; choose one of: {', '.join(MODEL_PRESETS)}")
-        if not self.learning_rate > 0:
-            raise ValueError(f"learning_rate must be positive, got {self.learning_rate}")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        for name in ("beta1", "beta2"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        for name in ("weight_decay", "grad_clip"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not self.eps > 0:
-            raise ValueError(f"eps must be positive, got {self.eps}")
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
-        if not self.sample_temperature >= 0:
-            raise ValueError(f"sample_temperature must be >= 0, got {self.sample_temperature}")
-        if self.dtype not in typing.get_args(DtypeName):
-            raise ValueError(f"dtype must be one of {typing.get_args(DtypeName)}, got {self.dtype!r}")
-        if self.parallel not in typing.get_args(Parallel):
-            raise ValueError(f"parallel must be one of {typing.get_args(Parallel)}, got {self.parallel!r}")
-        if self.optimizer_impl not in typing.get_args(OptimizerImpl):
-            raise ValueError(
-                f"optimizer_impl must be one of {typing.get_args(OptimizerImpl)}, got {self.optimizer_impl!r}"
-            )
-        if not self.out_dir:
-            raise ValueError("out_dir must not be empty; pass out_dir=DIR")
-        self.model_config(vocab_size=257)  # the model overrides must make a valid GPTConfig (n_embd % n_head, ...)
-
-    # ---------------------------------------------------------------------------------- construction
-    @classmethod
-    def field_names(cls) -> list[str]:
-        return [field.name for field in dataclasses.fields(cls)]
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
-        """A config from plain values; an unknown key is a ValueError that lists the valid ones."""
-        unknown = sorted(set(values) - set(cls.field_names()))
-        if unknown:
-            raise ValueError(f"unknown training config key(s) {unknown}; valid keys: {', '.join(cls.field_names())}")
-        return cls(**values)
-
-    @classmethod
-    def from_name(cls, name: str, **overrides: Any) -> "TrainConfig":
-        """A preset by name, with optional field overrides: `TrainConfig.from_name("stdlib", max_steps=50)`."""
-        if name not in PRESETS:
-            raise ValueError(f"unknown training preset {name!r}; choose one of: {', '.join(PRESETS)}")
-        return cls.from_dict({**PRESETS[name].to_dict(), **overrides})
-
-    @classmethod
-    def from_toml(cls, path: str | os.PathLike[str], **overrides: Any) -> "TrainConfig":
-        """Read a TOML file of config keys (optionally `preset = "name"` as the starting point), then apply
-        `overrides`. Unknown keys are an error listing the valid ones."""
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"training config file {str(path)!r} does not exist")
-        try:
-            values = tomllib.loads(path.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as err:
-            raise ValueError(f"{path} is not valid TOML: {err}") from err
-        nested = [key for key, value in values.items() if isinstance(value, dict)]
-        if nested:
-            raise ValueError(f"{path}: tables {nested} are not supported; write the keys at the top level")
-        preset = values.pop("preset", None)
-        base = PRESETS[_check_preset(preset)].to_dict() if preset is not None else {}
-        return cls.from_dict({**base, **values, **overrides})
-
-    def replace(self, **changes: Any) -> "TrainConfig":
-        return self.from_dict({**self.to_dict(), **changes})
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def to_toml(self) -> str:
-        """The config as a TOML file that `from_toml` reads back (unset fields are written as comments)."""
-        lines = []
-        for name, value in self.to_dict().items():
-            lines.append(f"# {name} = (unset)" if value is None else f"{name} = {_toml_value(value)}")
-        return "\n".join(lines) + "\n"
-
-    # ---------------------------------------------------------------------------------------- derived
-    def model_config(self, vocab_size: int) -> GPTConfig:
-        """The GPTConfig this run trains, for a tokenizer of `vocab_size` ids."""
-        overrides = {
-            name: getattr(self, name)
-            for name in ("n_layer", "n_head", "n_embd", "block_size", "dropout")
-            if getattr(self, name) is not None
-        }
-        return GPTConfig.from_name(self.model, vocab_size=vocab_size, **overrides)
-
-    @property
-    def min_lr(self) -> float:
-        return self.learning_rate * self.min_lr_ratio
-
-
-def _check_type(name: str, value: Any, hint: Any) -> None:
-    """A ValueError unless `value` fits the field's annotation (int, float, str, bool, Literal, X | None)."""
-    allowed = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
-    for option in allowed:
-        if option is type(None) and value is None:
-            return
-        if typing.get_origin(option) is Literal and isinstance(value, str):
-            return  # the member check comes later with a message listing the choices
-        if option is bool and isinstance(value, bool):
-            return
-        if option is int and isinstance(value, int) and not isinstance(value, bool):
-            return
-        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return
-        if option is str and isinstance(value, str):
-            return
-    expected = " or ".join(
-        "none" if option is type(None) else "str" if typing.get_origin(option) is Literal else option.__name__
-        for option in allowed
-    )
-    raise ValueError(f"{name} must be {expected}, got {value!r} ({type(value).__name__})")
-
-
-def _check_preset(name: Any) -> str:
-    if not isinstance(name, str) or name not in PRESETS:
-        raise ValueError(f"unknown training preset {name!r}; choose one of: {', '.join(PRESETS)}")
-    return name
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a valid TOML basic string
-    return repr(value)
-
-
-def parse_override(assignment: str) -> tuple[str, Any]:
-    """'key=value' -> (key, value), the value read as a TOML value ('12', '3e-4', 'true', '"x"') and as a
-    plain string when it is not one ('cpu', 'out/run1').
-
-    >>> parse_override("max_steps=200"), parse_override("device=cpu")
-    (('max_steps', 200), ('device', 'cpu'))
-    """
-    key, sep, raw = assignment.partition("=")
-    key = key.strip().replace("-", "_")
-    if not sep or not key:
-        raise ValueError(f"override {assignment!r} is not KEY=VALUE (e.g. --set max_steps=200)")
-    raw = raw.strip()
-    if raw.lower() in ("none", "null"):
-        return key, None
-    try:
-        return key, tomllib.loads(f"value = {raw}")["value"]
-    except tomllib.TOMLDecodeError:
-        return key, raw
-
-
-def load_config(source: str | os.PathLike[str] | None = None, overrides: list[str] | None = None) -> TrainConfig:
-    """The config of a preset name or a TOML file path (default: the "stdlib" preset), with 'key=value'
-    overrides applied."""
-    values = dict(parse_override(item) for item in overrides or [])
-    if source is None:
-        source = "stdlib"
-    if str(source) in PRESETS:
-        return TrainConfig.from_name(str(source), **values)
-    if str(source).endswith(".toml") or Path(source).exists():
-        return TrainConfig.from_toml(source, **values)
-    raise ValueError(f"{str(source)!r} is neither a training preset ({', '.join(PRESETS)}) nor a TOML file")
-
-
-PRESETS: dict[str, TrainConfig] = {
-    # The main job: a small GPT-2 on this Python's standard library, with its own BPE, in a few CPU minutes.
-    "stdlib": TrainConfig(
-        data="stdlib", tokenizer="bpe", vocab_size=4096,
-        model="gpt2-mini", n_layer=4, n_head=4, n_embd=128, block_size=128, dropout=0.0,
-        batch_size=16, max_steps=800, learning_rate=2e-3, warmup_steps=30, min_lr_ratio=0.1,
-        weight_decay=0.1, beta2=0.99, eval_interval=100, eval_batches=8, checkpoint_interval=200,
-        out_dir="out/stdlib", sample_prompt="def",  # "def " would end in a lone-space token, rare in training
-    ),
-    # nanoGPT's shakespeare-char CPU recipe, on UTF-8 bytes (the text is ASCII, so byte = character).
-    "shakespeare-char": TrainConfig(
-        data="tinyshakespeare.txt", tokenizer="byte",
-        model="gpt2-mini", n_layer=4, n_head=4, n_embd=128, block_size=64, dropout=0.0,
-        batch_size=12, max_steps=2000, learning_rate=1e-3, warmup_steps=100, min_lr_ratio=0.1,
-        weight_decay=0.1, beta2=0.99, eval_interval=250, eval_batches=20, checkpoint_interval=1000,
-        out_dir="out/shakespeare-char", sample_prompt="ROMEO:", sample_tokens=300,
-    ),
-    # GPT-2 124M reproduction (llm.c / build-nanogpt): ~0.5M tokens per step, 10B tokens of FineWeb.
-    "gpt2-124m": TrainConfig(
-        data="data/fineweb10B", tokenizer="gpt2",
-        model="gpt2", block_size=1024, dropout=0.0,
-        batch_size=32, total_batch_tokens=524_288, max_steps=19_073, learning_rate=6e-4, warmup_steps=715,
-        min_lr_ratio=0.1, weight_decay=0.1, beta1=0.9, beta2=0.95, grad_clip=1.0,
-        eval_interval=250, eval_batches=20, checkpoint_interval=2000, keep_checkpoints=3,
-        out_dir="out/gpt2-124m", sample_prompt="Hello, I'm a language model,", sample_top_k=50,
-        compile=True,
-    ),
-}  # fmt: skip
 
 
 # ============================================================================================ schedule
@@ -430,7 +121,7 @@ def configure_optimizer(model: nn.Module, config: TrainConfig, device: torch.dev
     )
 
 
-# ============================================================================= device, precision, MFU
+# ================================================================================ distributed, MFU
 @dataclass(frozen=True)
 class Distributed:
     """This process's place in a torchrun job (rank 0 of 1 when not launched by torchrun)."""
@@ -452,54 +143,6 @@ def distributed_from_env() -> Distributed:
     """Read torchrun's RANK / LOCAL_RANK / WORLD_SIZE."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     return Distributed(int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0")), world_size)
-
-
-def resolve_device(name: DeviceName, dist: Distributed = Distributed()) -> torch.device:
-    """'auto' -> this rank's CUDA device when CUDA is present, else the CPU; other names as torch reads them."""
-    if name == "auto":
-        return torch.device("cuda", dist.local_rank) if torch.cuda.is_available() else torch.device("cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as err:
-        raise ValueError(f"device {name!r} is not a torch device name; use 'auto', 'cpu' or 'cuda[:N]'") from err
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {name!r} was asked for but CUDA is not available; use device=cpu")
-        if device.index is None:
-            device = torch.device("cuda", dist.local_rank)
-    return device
-
-
-def resolve_dtype(name: DtypeName, device: torch.device) -> torch.dtype:
-    """The autocast dtype: 'auto' = bf16 on CUDA where supported, else fp16 (with a GradScaler); on a CPU
-    bf16 where it has native bf16 instructions (AVX512-BF16 or AMX), else fp32. On the 2-core AVX512-BF16 VM
-    of docs/benchmarks.md bf16 trains ~1.4x faster with the same shakespeare-char curve (val 1.874 vs 1.872)."""
-    if name == "auto":
-        if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        if device.type == "cpu" and _cpu_has_native_bf16():
-            return torch.bfloat16
-        return torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
-
-
-def _cpu_has_native_bf16() -> bool:
-    cpu = getattr(torch, "cpu", None)
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(bool(getattr(cpu, check, lambda: False)()) for check in checks)
-
-
-def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager:
-    """The one autocast context of a run (a no-op for float32)."""
-    if dtype == torch.float32:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for queued device work, so a wall-clock time measures the work itself."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def flops_per_token(config: GPTConfig) -> float:
@@ -578,120 +221,16 @@ def prepare_data(config: TrainConfig, out_dir: Path, progress: bool = False) -> 
 
 
 def _load_tokenizer(spec: str, purpose: str) -> Any:
-    from gpt2.tokenizer import ByteTokenizer, Tokenizer
+    from gpt2.tokenizer import load_tokenizer
 
-    if spec == "byte":
-        return ByteTokenizer()
     if spec == "bpe":
         raise ValueError(f"tokenizer='bpe' (train one) cannot be used for {purpose}; pass the tokenizer directory")
-    return Tokenizer.from_pretrained(spec)
+    return load_tokenizer(spec)
 
 
-# ====================================================================================== checkpoints
+# ======================================================================================= divergence
 class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite; the step was not applied and no checkpoint was written after it."""
-
-
-def checkpoint_dirs(out_dir: str | os.PathLike[str]) -> list[Path]:
-    """The complete checkpoint folders of a run, oldest first (a temporary folder is never listed)."""
-    root = Path(out_dir) / CHECKPOINTS_DIR
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX)]
-    return sorted(found, key=lambda p: int(p.name[len(CHECKPOINT_PREFIX) :]))
-
-
-def latest_checkpoint(out_dir: str | os.PathLike[str]) -> Path | None:
-    found = checkpoint_dirs(out_dir)
-    return found[-1] if found else None
-
-
-def save_checkpoint(
-    out_dir: Path,
-    step: int,
-    model: GPT,
-    tokenizer: Any,
-    state: dict[str, Any],
-    config: TrainConfig,
-    keep: int,
-) -> Path:
-    """Write OUT/checkpoints/step_N atomically (a temporary folder renamed into place), drop all but the last
-    `keep`, then refresh the top-level model and tokenizer in OUT. `state` holds plain tensors and containers."""
-    from gpt2.checkpoint import save_pretrained
-
-    root = out_dir / CHECKPOINTS_DIR
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"{CHECKPOINT_PREFIX}{step:08d}"
-    tmp = root / f".tmp-{final.name}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    try:
-        save_pretrained(model, tmp)
-        tokenizer.save(tmp)
-        (tmp / TRAIN_CONFIG_FILE).write_text(json.dumps(config.to_dict(), indent=1) + "\n")
-        with open(tmp / TRAIN_STATE_FILE, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        if final.exists():  # the same step saved again (e.g. interrupted right after a scheduled save)
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    for stale in root.iterdir():  # temporary folders of killed runs
-        if stale.name.startswith(".tmp-") and stale != tmp:
-            shutil.rmtree(stale, ignore_errors=True)
-    for old in checkpoint_dirs(out_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    save_pretrained(model, out_dir)  # the latest weights at the top level, for `gpt2 sample --model OUT`
-    tokenizer.save(out_dir)
-    return final
-
-
-def load_train_state(checkpoint_dir: Path) -> dict[str, Any]:
-    """The training state of a checkpoint folder, read with weights_only=True: only tensors and plain
-    containers are rebuilt; anything else in the pickle is refused, never executed."""
-    path = Path(checkpoint_dir) / TRAIN_STATE_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: {checkpoint_dir} is not a complete training checkpoint")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # UnpicklingError for a disallowed global, or a corrupt file
-        raise ValueError(f"{path} is not a plain training state and was refused (nothing in it was run): {err}") from err
-    if not isinstance(state, dict) or state.get("format") != TRAIN_STATE_FORMAT:
-        raise ValueError(f"{path} is not a {TRAIN_STATE_FORMAT} file")
-    if state.get("version") != TRAIN_STATE_VERSION:
-        raise ValueError(f"{path} has version {state.get('version')!r}; this gpt2 reads {TRAIN_STATE_VERSION}")
-    return state
-
-
-def load_checkpoint_weights(model: GPT, checkpoint_dir: Path) -> None:
-    """Copy the checkpoint's model.safetensors into `model`, refusing a different model shape."""
-    from gpt2.checkpoint import config_from_hf, load_hf_state_dict, read_hf_state_dict
-
-    saved = config_from_hf(json.loads((checkpoint_dir / "config.json").read_text()))
-    ours = model.config
-    for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-        if getattr(saved, name) != getattr(ours, name):
-            raise ValueError(
-                f"cannot resume from {checkpoint_dir}: it has {name}={getattr(saved, name)} but this run has "
-                f"{name}={getattr(ours, name)}; resume with the same model settings or use another out_dir"
-            )
-    load_hf_state_dict(model, read_hf_state_dict(checkpoint_dir))
-
-
-def rng_state(device: torch.device) -> dict[str, Any]:
-    state: dict[str, Any] = {"torch": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def step_seed(seed: int, rank: int, step: int) -> int:
@@ -817,7 +356,7 @@ def train(
     """
     dist = distributed_from_env()
     if dist.enabled and not torch_dist.is_initialized():
-        device = resolve_device(config.device, dist)
+        device = resolve_device(config.device, dist.local_rank)
         if device.type == "cuda":
             torch.cuda.set_device(device)
         torch_dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
@@ -838,7 +377,7 @@ def _train(
     log: Callable[[str], None] | None,
 ) -> TrainResult:
     say = log if (log is not None and dist.is_main) else (lambda message: None)
-    device = resolve_device(config.device, dist)
+    device = resolve_device(config.device, dist.local_rank)
     dtype = resolve_dtype(config.dtype, device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls for any float32 work left outside autocast

@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
 
 from gpt2.evaluate import (
     DEFAULT_BATCH_SIZE,
@@ -26,7 +23,9 @@ from gpt2.evaluate import (
     fetch_dataset,
     perplexity,
 )
-from gpt2.model import GPT
+from gpt2.cli.common import load_model_and_tokenizer
+from gpt2.device import resolve_device
+from gpt2.files import atomic_write_text
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -86,34 +85,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 # ------------------------------------------------------------------------------------------ helpers
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        return torch.device(name)
-    except RuntimeError as err:
-        raise ValueError(f"--device {name!r} is not a device ({err}); use auto, cpu, cuda or cuda:N") from err
-
-
-def load_model_and_tokenizer(model_name: str, tokenizer_name: str | None, device: torch.device) -> tuple[GPT, Any]:
-    """The model on `device`, and its tokenizer (`tokenizer_name`, else the model's directory)."""
-    from gpt2.tokenizer import Tokenizer
-
-    model = GPT.from_pretrained(model_name).to(device)
-    try:
-        tokenizer = Tokenizer.from_pretrained(tokenizer_name or model_name)
-    except FileNotFoundError as err:
-        if tokenizer_name:
-            raise
-        raise FileNotFoundError(f"no tokenizer saved with the model ({err}); pass --tokenizer DIR_OR_NAME") from err
-    if tokenizer.vocab_size > model.config.vocab_size:
-        raise ValueError(
-            f"the tokenizer has {tokenizer.vocab_size} tokens but the model only {model.config.vocab_size}; "
-            "pass the tokenizer the model was trained with (--tokenizer)"
-        )
-    return model, tokenizer
-
-
 def format_table(results: dict[str, Any]) -> str:
     """Two aligned columns, metric and value; floats with 4 decimals."""
     rows = [(k, f"{v:.4f}" if isinstance(v, float) else str(v)) for k, v in results.items() if v is not None]
@@ -129,15 +100,7 @@ def report(results: dict[str, Any], out: Path | None) -> int:
     print(format_table(results))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
-        try:
-            with os.fdopen(handle, "w", encoding="utf-8") as file:
-                json.dump(results, file, indent=2)
-                file.write("\n")
-            os.replace(temporary, out)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
+        atomic_write_text(out, json.dumps(results, indent=2) + "\n")
     return 0
 
 

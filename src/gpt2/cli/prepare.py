@@ -12,15 +12,11 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING
-
 from gpt2.data import DEFAULT_CHUNK_CHARS, DEFAULT_SHARD_TOKENS
+from gpt2.tokenizer import BYTE_TOKENIZER_NAMES, load_tokenizer
 
-if TYPE_CHECKING:
-    from gpt2.tokenizer import ByteTokenizer, Tokenizer
 
 TOKENIZER_ENV = "GPT2_TOKENIZER"
-BYTE_TOKENIZER_NAME = "bytes"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -40,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--tokenizer",
         default=None,
-        help=f"tokenizer directory, a Hub name such as 'gpt2', or '{BYTE_TOKENIZER_NAME}' for the byte "
+        help=f"tokenizer directory, a Hub name such as 'gpt2', or '{BYTE_TOKENIZER_NAMES[0]}' for the byte "
         f"tokenizer; default: ${TOKENIZER_ENV}, else 'gpt2'",
     )
     parser.add_argument("--jsonl-field", default="text", help="field holding the text in JSONL / dataset records")
@@ -60,15 +56,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace data already prepared in --out")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
-
-
-def load_tokenizer(name: str) -> "Tokenizer | ByteTokenizer":
-    """'bytes' -> ByteTokenizer(); anything else -> Tokenizer.from_pretrained (a directory or a Hub name)."""
-    from gpt2.tokenizer import ByteTokenizer, Tokenizer
-
-    if name == BYTE_TOKENIZER_NAME:
-        return ByteTokenizer()
-    return Tokenizer.from_pretrained(name)
 
 
 def run(args: argparse.Namespace) -> int:

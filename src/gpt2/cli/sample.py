@@ -16,8 +16,10 @@ from typing import Any
 
 import torch
 
+from gpt2.cli.common import load_model_and_tokenizer
+from gpt2.device import DTYPES, resolve_device
+
 SAMPLE_SEPARATOR = "\n" + "-" * 40 + "\n"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 INT8 = "int8"  # weight-only int8 with bfloat16 activations (gpt2.quantize); fastest on CPU
 
 
@@ -53,30 +55,8 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        return torch.device(name)
-    except RuntimeError as err:
-        raise ValueError(f"--device {name!r} is not a device torch knows ({err}); use 'auto', 'cpu' or 'cuda'") from err
-
-
-def load_tokenizer(model: str, tokenizer: str | None) -> Any:
-    """The tokenizer named by --tokenizer, else the one saved beside the model (or the Hub name's own)."""
-    from gpt2.tokenizer import Tokenizer
-
-    if tokenizer is not None:
-        return Tokenizer.from_pretrained(tokenizer)
-    try:
-        return Tokenizer.from_pretrained(model)
-    except FileNotFoundError as err:
-        raise FileNotFoundError(f"no tokenizer found with the model ({err}); pass --tokenizer DIR_OR_NAME") from err
-
-
 def run(args: argparse.Namespace) -> int:
     from gpt2.generate import stream_text
-    from gpt2.model import GPT
 
     if args.num_samples < 1:
         raise ValueError(f"-n/--num-samples must be >= 1, got {args.num_samples}")
@@ -89,19 +69,14 @@ def run(args: argparse.Namespace) -> int:
     if args.dtype == "float16" and device.type == "cpu":
         raise ValueError("--dtype float16 is slow or unsupported on CPU; use --dtype bfloat16 or int8 there")
 
-    tokenizer = load_tokenizer(args.model, args.tokenizer)
-    model = GPT.from_pretrained(args.model).to(device=device).eval()
+    model, tokenizer = load_model_and_tokenizer(args.model, args.tokenizer, device)
+    model.eval()
     if args.dtype == INT8:
         from gpt2.quantize import quantize_int8
 
         quantize_int8(model)
     else:
         model.to(DTYPES[args.dtype])
-    if len(tokenizer) > model.config.vocab_size:
-        raise ValueError(
-            f"the tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}; "
-            "pass the --tokenizer the model was trained with"
-        )
     stop_ids = [tokenizer.eot_token, *(args.stop_token_id or [])]
     if tokenizer.eot_token >= model.config.vocab_size:
         stop_ids = stop_ids[1:]

@@ -1,0 +1,129 @@
+"""Training-state checkpoints: a run's folder of resumable states, written so a crash never leaves half of one.
+
+OUT/checkpoints/step_00000100/ holds the model (HF format, `GPT.from_pretrained` reads it) and tokenizer files,
+`train_state.pt` (optimizer, step, RNG states, data position: plain tensors and containers, read back with
+`torch.load(weights_only=True)`, so a crafted pickle is refused, never run) and `train_config.json`. Each is
+written into a hidden temporary folder and renamed into place, so a folder named step_* is always complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpt2.model import GPT
+from gpt2.train_config import TrainConfig
+
+TRAIN_STATE_FILE = "train_state.pt"
+TRAIN_CONFIG_FILE = "train_config.json"
+TRAIN_STATE_FORMAT = "gpt2-train-state"
+TRAIN_STATE_VERSION = 1
+CHECKPOINTS_DIR = "checkpoints"
+CHECKPOINT_PREFIX = "step_"
+
+
+def checkpoint_dirs(out_dir: str | os.PathLike[str]) -> list[Path]:
+    """The complete checkpoint folders of a run, oldest first (a temporary folder is never listed)."""
+    root = Path(out_dir) / CHECKPOINTS_DIR
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX)]
+    return sorted(found, key=lambda p: int(p.name[len(CHECKPOINT_PREFIX) :]))
+
+
+def latest_checkpoint(out_dir: str | os.PathLike[str]) -> Path | None:
+    found = checkpoint_dirs(out_dir)
+    return found[-1] if found else None
+
+
+def save_checkpoint(
+    out_dir: Path,
+    step: int,
+    model: GPT,
+    tokenizer: Any,
+    state: dict[str, Any],
+    config: TrainConfig,
+    keep: int,
+) -> Path:
+    """Write OUT/checkpoints/step_N atomically (a temporary folder renamed into place), drop all but the last
+    `keep`, then refresh the top-level model and tokenizer in OUT. `state` holds plain tensors and containers."""
+    from gpt2.checkpoint import save_pretrained
+
+    root = out_dir / CHECKPOINTS_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"{CHECKPOINT_PREFIX}{step:08d}"
+    tmp = root / f".tmp-{final.name}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    try:
+        save_pretrained(model, tmp)
+        tokenizer.save(tmp)
+        (tmp / TRAIN_CONFIG_FILE).write_text(json.dumps(config.to_dict(), indent=1) + "\n")
+        with open(tmp / TRAIN_STATE_FILE, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        if final.exists():  # the same step saved again (e.g. interrupted right after a scheduled save)
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for stale in root.iterdir():  # temporary folders of killed runs
+        if stale.name.startswith(".tmp-") and stale != tmp:
+            shutil.rmtree(stale, ignore_errors=True)
+    for old in checkpoint_dirs(out_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    save_pretrained(model, out_dir)  # the latest weights at the top level, for `gpt2 sample --model OUT`
+    tokenizer.save(out_dir)
+    return final
+
+
+def load_train_state(checkpoint_dir: Path) -> dict[str, Any]:
+    """The training state of a checkpoint folder, read with weights_only=True: only tensors and plain
+    containers are rebuilt; anything else in the pickle is refused, never executed."""
+    path = Path(checkpoint_dir) / TRAIN_STATE_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: {checkpoint_dir} is not a complete training checkpoint")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # UnpicklingError for a disallowed global, or a corrupt file
+        raise ValueError(f"{path} is not a plain training state and was refused (nothing in it was run): {err}") from err
+    if not isinstance(state, dict) or state.get("format") != TRAIN_STATE_FORMAT:
+        raise ValueError(f"{path} is not a {TRAIN_STATE_FORMAT} file")
+    if state.get("version") != TRAIN_STATE_VERSION:
+        raise ValueError(f"{path} has version {state.get('version')!r}; this gpt2 reads {TRAIN_STATE_VERSION}")
+    return state
+
+
+def load_checkpoint_weights(model: GPT, checkpoint_dir: Path) -> None:
+    """Copy the checkpoint's model.safetensors into `model`, refusing a different model shape."""
+    from gpt2.checkpoint import config_from_hf, load_hf_state_dict, read_hf_state_dict
+
+    saved = config_from_hf(json.loads((checkpoint_dir / "config.json").read_text()))
+    ours = model.config
+    for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+        if getattr(saved, name) != getattr(ours, name):
+            raise ValueError(
+                f"cannot resume from {checkpoint_dir}: it has {name}={getattr(saved, name)} but this run has "
+                f"{name}={getattr(ours, name)}; resume with the same model settings or use another out_dir"
+            )
+    load_hf_state_dict(model, read_hf_state_dict(checkpoint_dir))
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
