@@ -1,7 +1,8 @@
 """Generation speed at the GPT-2 124M shape on CPU: ours vs `transformers`, and the memory-bandwidth limit.
 
 Random weights (no network), prompt of 32 tokens, 128 new tokens, greedy. For each batch size, each variant
-runs once per repeat, interleaved (ours fp32, transformers fp32, ours bf16, ours int8), so the load other
+runs once per repeat, interleaved (ours fp32 in the split layout of gpt2.inference.optimize_for_inference,
+ours fp32 with plain nn.Linear, transformers fp32, ours bf16, ours int8), so the load other
 processes put on the machine falls on all of them alike; the tables report each run and the ratios.
 
 Limit: decoding one step reads every weight once (plus the KV cache), so tokens/s <= B * read bandwidth /
@@ -30,7 +31,7 @@ import torch.nn.functional as F
 
 from gpt2.config import GPTConfig
 from gpt2.model import GPT
-from gpt2.quantize import quantize_int8
+from gpt2.inference import optimize_for_inference, quantize_int8
 
 SEED = 0
 BANDWIDTH_BYTES = 512 * 2**20  # far beyond any cache, so the sum streams from DRAM
@@ -38,11 +39,28 @@ SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def read_bandwidth() -> float:
-    """Bytes per second a sum over a large fp32 tensor reads (best of 5)."""
+    """Bytes per second a sum over a large fp32 tensor reads (median of 7: on this VM single readings range
+    from ~38 to ~78 GB/s, so the median is the honest figure and the spread is reported beside it)."""
     big = torch.ones(BANDWIDTH_BYTES // 4)
     big.sum()
-    best = min(timed(lambda: big.sum()) for _ in range(5))
-    return BANDWIDTH_BYTES / best
+    times = sorted(timed(lambda: big.sum()) for _ in range(7))
+    return BANDWIDTH_BYTES / times[len(times) // 2]
+
+
+@torch.no_grad()
+def decode_step_seconds(model: GPT, batch_size: int, context: int, steps: int = 20) -> float:
+    """Seconds of one cached decode step at `context` positions (no prefill, no sampling): the part of
+    generation that reads every weight once per token."""
+    cache = model.new_kv_cache(batch_size, max_len=context + steps + 4)
+    prompt = torch.randint(0, model.config.vocab_size, (batch_size, context), generator=torch.Generator().manual_seed(SEED))
+    model._forward(prompt, None, None, None, cache)
+    token = prompt[:, -1:]
+    for _ in range(3):
+        model._forward(token, None, None, None, cache)
+    start = time.perf_counter()
+    for _ in range(steps):
+        model._forward(token, None, None, None, cache)
+    return (time.perf_counter() - start) / steps
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -62,7 +80,7 @@ def bytes_per_step(model: torch.nn.Module, batch_size: int, context: int) -> int
             continue
         seen.add(id(tensor))
         total += tensor.numel() * tensor.element_size()
-    if not hasattr(model.lm_head, "weight_int8"):  # tied: the head reads wte, skipped above
+    if isinstance(model.lm_head, torch.nn.Linear):  # tied: the head reads wte, skipped above
         total += model.transformer.wte.weight.numel() * model.transformer.wte.weight.element_size()
     config = model.config
     kv_dtype_size = model.transformer.wte.weight.element_size()
@@ -127,6 +145,7 @@ def main() -> None:
         theirs = GPT2LMHeadModel.from_pretrained(directory).eval()
         ours_bf16 = GPT.from_pretrained(directory).to(torch.bfloat16).eval()
         ours_int8 = quantize_int8(GPT.from_pretrained(directory)).eval()
+        ours_split = optimize_for_inference(GPT.from_pretrained(directory))
 
     n_new, n_prompt = args.new_tokens, args.prompt_tokens
     context = n_prompt + n_new // 2
@@ -136,7 +155,8 @@ def main() -> None:
         idx = torch.randint(0, ours.config.vocab_size, (batch_size, n_prompt), generator=torch.Generator().manual_seed(SEED))
         outputs: dict[str, torch.Tensor] = {}
         variants: dict[str, Callable[[], torch.Tensor]] = {
-            "ours fp32": lambda: ours.generate(idx, n_new, temperature=0),
+            "ours fp32": lambda: ours_split.generate(idx, n_new, temperature=0),
+            "ours fp32 (plain nn.Linear)": lambda: ours.generate(idx, n_new, temperature=0),
             "transformers fp32": lambda: theirs.generate(
                 idx, attention_mask=torch.ones_like(idx), do_sample=False, max_new_tokens=n_new,
                 min_new_tokens=n_new, pad_token_id=50256,
@@ -157,9 +177,9 @@ def main() -> None:
             torch.equal(outputs["ours fp32"], outputs["transformers fp32"])
         )
 
-    bandwidth = max(results["bandwidth GB/s"]) * 1e9
-    models = {"ours fp32": ours, "ours bf16": ours_bf16, "ours int8 (bf16 act.)": ours_int8}
-    print(f"\nread bandwidth (best): {bandwidth / 1e9:.1f} GB/s; all: "
+    bandwidth = sorted(results["bandwidth GB/s"])[len(results["bandwidth GB/s"]) // 2] * 1e9
+    models = {"ours fp32": ours_split, "ours bf16": ours_bf16, "ours int8 (bf16 act.)": ours_int8}
+    print(f"\nread bandwidth (median): {bandwidth / 1e9:.1f} GB/s; all: "
           f"{', '.join(f'{b:.1f}' for b in results['bandwidth GB/s'])}")
     print("\n| batch | variant | tokens/s (runs) | vs transformers fp32 (per repeat) | MB read/step | limit tokens/s | of limit |")
     print("|---|---|---|---|---|---|---|")
@@ -174,6 +194,17 @@ def main() -> None:
                   f"{' / '.join(f'{r:.2f}x' for r in ratios)} | {step_bytes / 1e6:.0f} | {limit:.1f} | "
                   f"{max(values) / limit:.0%} |")
     print(f"\ngreedy output identical to transformers: {results['greedy identical to transformers']}")
+
+    print("\ndecode step alone (cached, no prefill or sampling), at the mean context length:")
+    print("| batch | variant | ms/step | tokens/s | GB/s read | of bandwidth |")
+    print("|---|---|---|---|---|---|")
+    for batch_size in args.batch_sizes:
+        for name, model in {"ours fp32": ours_split, "ours fp32 (plain nn.Linear)": ours, **models}.items():
+            seconds = decode_step_seconds(model, batch_size, context)
+            achieved = bytes_per_step(model, batch_size, context) / seconds
+            results.setdefault("decode step ms", {})[f"B={batch_size} {name}"] = seconds * 1e3
+            print(f"| {batch_size} | {name} | {seconds * 1e3:.1f} | {batch_size / seconds:.1f} | "
+                  f"{achieved / 1e9:.1f} | {achieved / bandwidth:.0%} |")
 
     if not args.skip_precision:
         tokens, source = evaluation_tokens(args.eval_tokens, ours.config.vocab_size)

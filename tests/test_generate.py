@@ -387,8 +387,30 @@ def test_bfloat16_model_generates_close_to_float32(model: GPT, monkeypatch: pyte
     assert (seen[0].float() - full).abs().max() < 0.1  # bf16 keeps ~3 significant digits
 
 
+def test_split_linear_layout_computes_exactly_the_linear_layer() -> None:
+    from gpt2.inference import SplitLinear
+
+    torch.manual_seed(SEED)
+    linear = torch.nn.Linear(64, 301)  # 301 is not a multiple of 4: the last block is padded
+    x = torch.randn(2, 3, 64)
+    for parts in (1, 2, 4, 7):
+        torch.testing.assert_close(SplitLinear.from_linear(linear, parts)(x), linear(x), atol=1e-6, rtol=1e-6)
+
+
+def test_model_optimized_for_inference_gives_the_same_logits_and_tokens(model: GPT) -> None:
+    from gpt2.inference import optimize_for_inference
+
+    idx = torch.tensor(prompts([8, 8]))
+    reference_logits = model(idx).logits
+    reference_tokens = generate(model, idx, 24, temperature=0)
+    fast = optimize_for_inference(random_gpt(), parts=4)
+    assert not any(isinstance(m, torch.nn.Linear) for m in fast.modules())
+    torch.testing.assert_close(fast(idx).logits, reference_logits, atol=1e-5, rtol=1e-5)
+    assert torch.equal(generate(fast, idx, 24, temperature=0), reference_tokens)
+
+
 def test_int8_kernel_computes_the_dequantized_linear() -> None:
-    from gpt2.quantize import Int8Linear
+    from gpt2.inference import Int8Linear
 
     torch.manual_seed(SEED)
     layer = Int8Linear.from_linear(torch.nn.Linear(64, 301), dtype=torch.bfloat16)  # odd width, like V
@@ -397,7 +419,7 @@ def test_int8_kernel_computes_the_dequantized_linear() -> None:
 
 
 def test_int8_weights_stay_close_to_the_float_model(model: GPT, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpt2.quantize import quantize_int8
+    from gpt2.inference import quantize_int8
 
     idx = torch.tensor(prompts([8, 8]))
     full = model(idx).logits[:, -1]

@@ -1,0 +1,127 @@
+"""Inference-time weight layouts for fast decoding on a CPU. Each replaces the model's nn.Linear layers in
+place, keeps the model's outputs (tested), and leaves a model that can no longer be trained.
+
+Decoding one token reads every weight once (~500 MB in fp32 for the 124M model), so at small batch sizes a CPU
+decodes at memory-bandwidth speed, and two things set the pace: how many cores stream the weights, and how
+many bytes each weight takes.
+
+- `SplitLinear` (fp32, `optimize_for_inference(model)`): a one-row input turns each layer into a matrix-vector
+  product, which torch's CPU BLAS runs on a single core (~20 GB/s here, half of what two cores read). Storing
+  W^T as `parts` column blocks (parts, in, out/parts) and multiplying with one batched matmul gives every core
+  its own block to stream. Same arithmetic per output element, so the logits are unchanged.
+- `Int8Linear` (`quantize_int8(model)`): each weight as int8 with one scale per output row (symmetric, absmax /
+  127), activations in bfloat16 (what torch's CPU int8 kernel is fast with): a quarter of the bytes. Embeddings,
+  LayerNorms and biases stay as they are. The accuracy cost is measured in benchmarks/bench_generate.py.
+
+In both, the tied LM head gets its own copy in the new layout while `wte` keeps serving the embedding lookups.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+INT8_MAX = 127
+
+
+class Int8Linear(nn.Module):
+    """y = x W^T + b with W stored as int8 (out, in) times a per-row scale (out,).
+
+    On CPU the product runs in torch's fused int8-weight kernel (`aten._weight_int8pack_mm`); elsewhere it
+    dequantizes and calls F.linear (`reference_forward`), which computes the same thing.
+    """
+
+    def __init__(self, weight_int8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.register_buffer("weight_int8", weight_int8)  # (out, in) int8
+        self.register_buffer("scale", scale)  # (out,) in the activations' dtype
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, *, dtype: torch.dtype | None = None) -> "Int8Linear":
+        weight = linear.weight.detach().float()
+        scale = weight.abs().amax(dim=1).clamp(min=1e-12) / INT8_MAX  # (out,)
+        weight_int8 = torch.round(weight / scale[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+        dtype = dtype or linear.weight.dtype
+        bias = None if linear.bias is None else linear.bias.detach().to(dtype)
+        return cls(weight_int8, scale.to(dtype), bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu":
+            return self.reference_forward(x)
+        shape = x.shape
+        x2d = x.reshape(-1, shape[-1]).to(self.scale.dtype).contiguous()  # (B*T, in): the kernel wants 2-D
+        y = torch.ops.aten._weight_int8pack_mm(x2d, self.weight_int8, self.scale)  # (B*T, out)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*shape[:-1], -1)
+
+    def reference_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The plain path: dequantize, then an ordinary linear layer."""
+        weight = self.weight_int8.to(self.scale.dtype) * self.scale[:, None]
+        return F.linear(x.to(self.scale.dtype), weight, self.bias)
+
+    def extra_repr(self) -> str:
+        out_features, in_features = self.weight_int8.shape
+        return f"in_features={in_features}, out_features={out_features}, bias={self.bias is not None}, int8"
+
+
+def quantize_int8(model: nn.Module, *, dtype: torch.dtype = torch.bfloat16) -> nn.Module:
+    """Cast `model` to `dtype` and replace every nn.Linear (LM head included) by an Int8Linear, in place.
+    For inference only (no gradients flow into int8 weights). Returns the model."""
+    model.to(dtype)
+    return _replace_linears(model, lambda linear: Int8Linear.from_linear(linear, dtype=dtype))
+
+class SplitLinear(nn.Module):
+    """y = x W^T + b with W^T stored as `parts` column blocks: (parts, in, out/parts), padded when `parts` does
+    not divide `out`. One batched matmul over the blocks lets every core stream its own share of the weight."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, parts: int) -> None:
+        super().__init__()
+        out_features, in_features = weight.shape
+        per_part = -(-out_features // parts)
+        padding = per_part * parts - out_features
+        blocks = F.pad(weight.detach(), (0, 0, 0, padding)).view(parts, per_part, in_features)
+        self.register_buffer("weight_blocks", blocks.transpose(1, 2).contiguous())  # (parts, in, per_part)
+        bias = torch.zeros(out_features, dtype=weight.dtype, device=weight.device) if bias is None else bias.detach()
+        self.register_buffer("bias_blocks", F.pad(bias, (0, padding)).view(parts, 1, per_part))
+        self.out_features = out_features
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, parts: int) -> "SplitLinear":
+        return cls(linear.weight, linear.bias, parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        parts = self.weight_blocks.shape[0]
+        rows = x.reshape(1, -1, shape[-1]).expand(parts, -1, -1)  # (parts, N, in), no copy
+        y = torch.baddbmm(self.bias_blocks, rows, self.weight_blocks)  # (parts, N, per_part)
+        y = y.transpose(0, 1).reshape(rows.shape[1], -1)[:, : self.out_features]  # blocks side by side: (N, out)
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        parts, in_features, _ = self.weight_blocks.shape
+        return f"in_features={in_features}, out_features={self.out_features}, parts={parts}"
+
+
+def _replace_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> nn.Module:
+    """Swap every nn.Linear of `model` (the tied LM head included) for `make(linear)`, in place."""
+    replacements = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    for name, linear in replacements:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, make(linear))
+    return model
+
+
+def optimize_for_inference(model: nn.Module, *, parts: int | None = None) -> nn.Module:
+    """Put an fp32 model's linear layers in the split layout for fast CPU decoding (in place; returns the model,
+    in eval mode). `parts` defaults to twice the torch thread count. On a GPU this changes nothing: its matrix-
+    vector kernels already use the whole device."""
+    device = next(model.parameters()).device
+    if device.type != "cpu":
+        return model.eval()
+    parts = parts or max(2, 2 * torch.get_num_threads())
+    return _replace_linears(model.eval(), lambda linear: SplitLinear.from_linear(linear, parts))
