@@ -309,8 +309,8 @@ PRESETS: dict[str, TrainConfig] = {
     "stdlib": TrainConfig(
         data="stdlib", tokenizer="bpe", vocab_size=4096,
         model="gpt2-mini", n_layer=4, n_head=4, n_embd=128, block_size=128, dropout=0.0,
-        batch_size=16, max_steps=800, learning_rate=2e-3, warmup_steps=30, min_lr_ratio=0.1,
-        weight_decay=0.1, beta2=0.99, eval_interval=100, eval_batches=8, checkpoint_interval=200,
+        batch_size=16, max_steps=1800, learning_rate=2e-3, warmup_steps=30, min_lr_ratio=0.1,
+        weight_decay=0.1, beta2=0.99, eval_interval=200, eval_batches=8, checkpoint_interval=600,
         out_dir="out/stdlib", sample_prompt="def",  # "def " would end in a lone-space token, rare in training
     ),
     # nanoGPT's shakespeare-char CPU recipe, on UTF-8 bytes (the text is ASCII, so byte = character).
