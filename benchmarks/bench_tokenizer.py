@@ -121,6 +121,27 @@ def main() -> None:
         tiktoken_batch_2_threads_mb_s=round(size_mb / tiktoken_batch, 2),
     )
 
+    # batch of large pieces: what `gpt2 prepare` sends (the text cut into 256 KiB pieces at whitespace-free
+    # boundaries is approximated here by paragraph groups of about that size)
+    pieces, current, size = [], [], 0
+    for paragraph in paragraphs:
+        current.append(paragraph)
+        size += len(paragraph) + 2
+        if size >= 262_144:
+            pieces.append("\n\n".join(current))
+            current, size = [], 0
+    pieces.append("\n\n".join(current))
+    one_times, two_times = [], []
+    for _ in range(args.repeats):
+        one_times.append(best_time(lambda: ours.encode_batch(pieces, num_threads=1), 1))
+        two_times.append(best_time(lambda: ours.encode_batch(pieces, num_threads=2), 1))
+    results.update(
+        pieces_256k=len(pieces),
+        ours_pieces_1_worker_mb_s=round(size_mb / min(one_times), 2),
+        ours_pieces_2_workers_mb_s=round(size_mb / min(two_times), 2),
+        pieces_2_vs_1=round(min(one_times) / min(two_times), 3),
+    )
+
     # training: 10 MB of Python source, the project's own use case
     sample = stdlib_sample(int(args.train_mb * MB))
     started = time.perf_counter()

@@ -319,23 +319,39 @@ def test_stream_yields_the_tokens_generate_returns(model: GPT) -> None:
     assert torch.equal(torch.stack(steps, dim=1), generate(model, idx, 12, seed=5, attention_mask=mask)[:, -12:])
 
 
+class ScriptedHead(torch.nn.Module):
+    """An LM head whose logits put all mass on script[p - prompt_length] at sequence position p."""
+
+    def __init__(self, vocab_size: int, script: list[int], prompt_length: int) -> None:
+        super().__init__()
+        self.vocab_size, self.script, self.prompt_length = vocab_size, script, prompt_length
+        self.positions: range = range(0)  # the sequence positions of the hidden states it is given next
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        positions = self.positions if hidden.dim() == 3 else self.positions[-1:]  # (B, C): the last position
+        logits = torch.full((*hidden.shape[:-1], self.vocab_size), -1e4)
+        for t, position in enumerate(positions):
+            step = position + 1 - self.prompt_length
+            if 0 <= step < len(self.script):
+                if hidden.dim() == 3:
+                    logits[:, t, self.script[step]] = 0.0
+                else:
+                    logits[:, self.script[step]] = 0.0
+        return logits
+
+
 class ScriptedGPT(GPT):
-    """A GPT whose next token is dictated by a script: the logits at sequence position p put all mass on
-    script[p - prompt_length]. The real forward still runs, so the cache advances as usual."""
+    """A GPT whose next token is dictated by a script (see ScriptedHead). The real backbone still runs, so the
+    cache advances as usual."""
 
     def __init__(self, config: GPTConfig, script: list[int], prompt_length: int) -> None:
         super().__init__(config)
-        self.script, self.prompt_length = script, prompt_length
+        self.lm_head = ScriptedHead(config.vocab_size, script, prompt_length)
 
-    def _forward(self, idx, targets, attention_mask, position_ids, kv_cache, weights_out=None):  # type: ignore
+    def _hidden_states(self, idx, attention_mask, position_ids, kv_cache, weights_out=None):  # type: ignore
         past = kv_cache.length if kv_cache is not None else 0
-        output = super()._forward(idx, targets, attention_mask, position_ids, kv_cache, weights_out)
-        logits = torch.full_like(output.logits, -1e4)
-        for t in range(idx.size(1)):
-            step = past + t + 1 - self.prompt_length
-            if 0 <= step < len(self.script):
-                logits[:, t, self.script[step]] = 0.0
-        return output._replace(logits=logits)
+        self.lm_head.positions = range(past, past + idx.size(1))
+        return super()._hidden_states(idx, attention_mask, position_ids, kv_cache, weights_out)
 
 
 def stream_pieces(tokenizer, text: str, prompt: str = "> ") -> tuple[list[str], list[int]]:

@@ -275,3 +275,14 @@ def test_kv_cache_overflow_is_refused():
     model(torch.zeros(1, 30, dtype=torch.long), kv_cache=cache)
     with pytest.raises(ValueError, match=r"sequence length 33 \(30 cached \+ 3 new\) exceeds"):
         model(torch.zeros(1, 3, dtype=torch.long), kv_cache=cache)
+
+
+def test_hidden_states_through_the_head_are_the_logits():
+    model = tiny_model()
+    idx = torch.randint(0, 97, (2, 11))
+    hidden = model.hidden_states(idx)
+    assert hidden.shape == (2, 11, TINY.n_embd)
+    assert torch.allclose(model.lm_head(hidden), model(idx).logits, atol=1e-6)
+    assert torch.allclose(model.lm_head(hidden[:, -1]), model(idx).logits[:, -1], atol=1e-6)
+    with pytest.raises(ValueError, match="token id 97 is outside the vocabulary"):
+        model.hidden_states(torch.tensor([[97]]))

@@ -212,9 +212,12 @@ def perplexity(
             idx, targets = rows_t[:, :-1], rows_t[:, 1:].clone()  # (B, T) each
             for row, window in enumerate(batch):
                 targets[row, : window.first_scored] = IGNORE_INDEX  # scored by an earlier window
-            logits = model(idx).logits  # (B, T, V)
+            # Logits only where a token is scored: the LM head over the context-only positions is skipped.
+            first = min(window.first_scored for window in batch)
+            hidden = model.hidden_states(idx)[:, first:]  # (B, T - first, C)
+            logits = model.lm_head(hidden)  # (B, T - first, V)
             nll = F.cross_entropy(
-                logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+                logits.float().flatten(0, 1), targets[:, first:].flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
             )
             total_nll += float(nll)
             total_scored += int((targets != IGNORE_INDEX).sum())

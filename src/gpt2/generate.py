@@ -311,7 +311,8 @@ def _prefill(
     """Run columns [start, end) through the model into an empty cache; the last column's logits (B, V).
     Position ids come from the window's mask (each row's first real token at position 0) or count from 0."""
     window_mask = mask[:, start:end] if mask is not None else None
-    return model._forward(tokens[:, start:end], None, window_mask, None, cache).logits[:, -1]
+    hidden = model._hidden_states(tokens[:, start:end], window_mask, None, cache)  # (B, T, C)
+    return model.lm_head(hidden[:, -1])  # only the last position's logits are needed: (B, V)
 
 
 def _check_prompt(model: "GPT", idx: Any, attention_mask: Any, truncate: Truncate) -> None:

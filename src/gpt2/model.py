@@ -259,6 +259,35 @@ class GPT(nn.Module):
         weights_out: list[torch.Tensor] | None = None,
     ) -> GPTOutput:
         """forward without input checks: for callers (generation) that have validated their inputs once."""
+        x = self._hidden_states(idx, attention_mask, position_ids, kv_cache, weights_out)
+        logits = self.lm_head(x)  # (B, T, V)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=IGNORE_INDEX)
+        return GPTOutput(logits, loss)
+
+    def hidden_states(
+        self,
+        idx: torch.Tensor,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """The final-LayerNorm output (B, T, C) that the LM head turns into logits, with the same input checks
+        and options as `forward`. `model.lm_head(h[:, positions])` then gives logits for just those positions,
+        which saves most of the (B, T, V) head when only some positions are needed (scoring, prefill)."""
+        self._check_inputs(idx, None, attention_mask, position_ids, kv_cache)
+        return self._hidden_states(idx, attention_mask, position_ids, kv_cache)
+
+    def _hidden_states(
+        self,
+        idx: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+        kv_cache: KVCache | None,
+        weights_out: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         B, T = idx.shape
         past = kv_cache.length if kv_cache is not None else 0
         if position_ids is None:
@@ -272,15 +301,9 @@ class GPT(nn.Module):
         for i, block in enumerate(self.transformer.h):
             cache = (kv_cache.k[i], kv_cache.v[i], past) if kv_cache is not None else None
             x = block(x, mask, cache, weights_out)
-        x = self.transformer.ln_f(x)
-        logits = self.lm_head(x)  # (B, T, V)
         if kv_cache is not None:
             kv_cache.length = past + T
-
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=IGNORE_INDEX)
-        return GPTOutput(logits, loss)
+        return self.transformer.ln_f(x)  # (B, T, C)
 
     @staticmethod
     def _attention_mask(
