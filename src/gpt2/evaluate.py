@@ -212,14 +212,12 @@ def perplexity(
             idx, targets = rows_t[:, :-1], rows_t[:, 1:].clone()  # (B, T) each
             for row, window in enumerate(batch):
                 targets[row, : window.first_scored] = IGNORE_INDEX  # scored by an earlier window
-            # Logits only where a token is scored: the LM head over the context-only positions is skipped.
-            first = min(window.first_scored for window in batch)
-            hidden = model.hidden_states(idx)[:, first:]  # (B, T - first, C)
-            logits = model.lm_head(hidden)  # (B, T - first, V)
-            nll = F.cross_entropy(
-                logits.float().flatten(0, 1), targets[:, first:].flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
-            )
-            total_nll += float(nll)
+            hidden = model.hidden_states(idx)  # (B, T, C)
+            for row, window in enumerate(batch):
+                # Logits only where tokens are scored: the LM head over context-only positions is skipped.
+                logits = model.lm_head(hidden[row, window.first_scored :])  # (scored, V)
+                scored_targets = targets[row, window.first_scored :]
+                total_nll += float(F.cross_entropy(logits.float(), scored_targets, reduction="sum"))
             total_scored += int((targets != IGNORE_INDEX).sum())
     assert total_scored == len(array) - 1, "sliding windows must score every token but the first exactly once"
 
