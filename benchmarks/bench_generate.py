@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 
 from gpt2.config import GPTConfig
-from gpt2.model import GPT
 from gpt2.inference import optimize_for_inference, quantize_int8
+from gpt2.model import GPT
 
 SEED = 0
 BANDWIDTH_BYTES = 512 * 2**20  # far beyond any cache, so the sum streams from DRAM

@@ -13,10 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import shared_file
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from conftest import shared_file
 
 from gpt2.cli import main
 from gpt2.data import (

@@ -14,10 +14,10 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
+from conftest import shared_file
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import shared_file
 from gpt2 import ByteTokenizer, Tokenizer, train_tokenizer
 from gpt2.bpe_reference import GPT2_SPLIT_PATTERN, ReferenceBPE, split_pieces
 from gpt2.cli import main as cli_main

@@ -54,7 +54,6 @@ from gpt2.train_checkpoint import (
 )
 from gpt2.train_config import TrainConfig
 
-
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "loss.png"
 DATA_DIR = "data"

@@ -10,12 +10,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tomllib
 import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI
+    import tomli as tomllib
 
 from gpt2.config import PRESETS as MODEL_PRESETS
 from gpt2.config import GPTConfig

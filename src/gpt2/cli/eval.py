@@ -12,7 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-
+from gpt2.cli.common import load_model_and_tokenizer
+from gpt2.device import resolve_device
 from gpt2.evaluate import (
     DEFAULT_BATCH_SIZE,
     HELLASWAG_NUM_ENDINGS,
@@ -23,8 +24,6 @@ from gpt2.evaluate import (
     fetch_dataset,
     perplexity,
 )
-from gpt2.cli.common import load_model_and_tokenizer
-from gpt2.device import resolve_device
 from gpt2.files import atomic_write_text
 
 

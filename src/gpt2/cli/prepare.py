@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import argparse
 import os
+
+from gpt2.cli.tokenizer import TOKENIZER_ENV
 from gpt2.data import DEFAULT_CHUNK_CHARS, DEFAULT_SHARD_TOKENS
 from gpt2.tokenizer import BYTE_TOKENIZER_NAMES, load_tokenizer
-
-
-TOKENIZER_ENV = "GPT2_TOKENIZER"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

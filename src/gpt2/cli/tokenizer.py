@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-TOKENIZER_ENV = "GPT2_TOKENIZER"
+TOKENIZER_ENV = "GPT2_TOKENIZER"  # the tokenizer `gpt2 tokenize` and `gpt2 prepare` use when none is passed
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
