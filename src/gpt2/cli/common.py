@@ -14,13 +14,13 @@ def load_model_and_tokenizer(model_name: str, tokenizer_name: str | None, device
     given, else the one saved beside the model (as `gpt2 train` does) or the Hub repo's own."""
     from gpt2.tokenizer import Tokenizer
 
+    model = GPT.from_pretrained(model_name).to(device)  # first: a wrong --model is named as such
     try:
         tokenizer = Tokenizer.from_pretrained(tokenizer_name or model_name)
     except FileNotFoundError as err:
         if tokenizer_name:
             raise
         raise FileNotFoundError(f"no tokenizer saved with the model ({err}); pass --tokenizer DIR_OR_NAME") from err
-    model = GPT.from_pretrained(model_name).to(device)
     if len(tokenizer) > model.config.vocab_size:
         raise ValueError(
             f"the tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}; "
