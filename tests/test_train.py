@@ -364,3 +364,38 @@ def test_stdlib_corpus_is_library_code_in_a_fixed_order():
     subset = stdlib_files(max_bytes=50_000)
     assert subset == files[: len(subset)] or sum(f.stat().st_size for f in subset) <= 50_000
     assert sum(f.stat().st_size for f in subset) <= 50_000 or len(subset) == 1
+
+
+# ------------------------------------------------------------------------------------ HellaSwag in the loop
+def write_hellaswag(path: Path) -> Path:
+    records = [
+        {"ind": i, "activity_label": "Talk", "ctx_a": ctx, "ctx_b": "", "ctx": ctx, "split": "val",
+         "split_type": "indomain", "source_id": f"t{i}", "label": label, "endings": endings}
+        for i, (ctx, endings, label) in enumerate([
+            ("the cat", ["sat on it", "zq xj", "ran off", "ate"], 0),
+            ("a dog", ["barks", "sleeps", "qq", "eats a lot"], 1),
+            ("we go", ["home", "out", "far away", "up"], 3),
+        ])
+    ]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_training_can_measure_hellaswag_at_every_evaluation(tmp_path):
+    from gpt2.evaluate import evaluate_hellaswag
+    from gpt2.tokenizer import ByteTokenizer
+
+    hellaswag = write_hellaswag(tmp_path / "hellaswag.jsonl")
+    config = tiny_config(tmp_path, block_size=32, hellaswag_file=str(hellaswag), hellaswag_limit=None)
+    train(config)
+    records = [r for r in metric_lines(Path(config.out_dir)) if "hellaswag_acc_norm" in r]
+    assert [r["step"] for r in records] == [0, 4, 8]
+    assert all(0.0 <= r["hellaswag_acc"] <= 1.0 and 0.0 <= r["hellaswag_acc_norm"] <= 1.0 for r in records)
+    final = evaluate_hellaswag(GPT.from_pretrained(config.out_dir), ByteTokenizer(), hellaswag)
+    assert (records[-1]["hellaswag_acc"], records[-1]["hellaswag_acc_norm"]) == (final["acc"], final["acc_norm"])
+
+
+def test_a_missing_hellaswag_file_is_a_clear_error(tmp_path):
+    config = tiny_config(tmp_path, hellaswag_file=str(tmp_path / "nope.jsonl"))
+    with pytest.raises(FileNotFoundError, match="hellaswag_file .*nope.jsonl' does not exist"):
+        train(config)

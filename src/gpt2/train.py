@@ -464,6 +464,10 @@ def _train(
     if config.compile:
         model = torch.compile(model)
 
+    if config.hellaswag_file and not Path(config.hellaswag_file).is_file():
+        raise FileNotFoundError(
+            f"hellaswag_file {config.hellaswag_file!r} does not exist; pass a HellaSwag JSONL file or leave it unset"
+        )
     metrics = Metrics(out_dir / METRICS_FILE, start_step if checkpoint is not None else None, dist.is_main)
     peak = peak_flops(device)
     flops_per_step = flops_per_token(model_config) * tokens_per_step
@@ -491,6 +495,15 @@ def _train(
             torch_dist.all_reduce(total, op=torch_dist.ReduceOp.SUM)
             total /= dist.world_size
         return float(total)
+
+    def evaluate_hellaswag_accuracy(step: int) -> None:
+        """HellaSwag on `hellaswag_file` (every rank computes the same numbers; rank 0 writes them)."""
+        from gpt2.evaluate import evaluate_hellaswag
+
+        scored_model = model if fsdp else raw_model  # FSDP needs every rank in the forward; DDP does not
+        result = evaluate_hellaswag(scored_model, tokenizer, config.hellaswag_file, limit=config.hellaswag_limit)
+        metrics.write({"step": step, "hellaswag_acc": result["acc"], "hellaswag_acc_norm": result["acc_norm"]})
+        say(f"step {step}: HellaSwag acc_norm {result['acc_norm']:.4f} ({result['num_examples']} examples)")
 
     def save(step: int, last_loss: float | None, last_val: float | None) -> Path | None:
         train_state = {
@@ -530,6 +543,8 @@ def _train(
             last_val = val_losses[0] = evaluate()
             metrics.write({"step": 0, "val_loss": last_val})
             say(f"step 0: val loss {last_val:.4f}")
+            if config.hellaswag_file:
+                evaluate_hellaswag_accuracy(0)
         while step < end_step:
             synchronize(device)
             t0 = time.perf_counter()
@@ -591,6 +606,8 @@ def _train(
                 last_val = val_losses[step] = evaluate()
                 metrics.write({"step": step, "val_loss": last_val})
                 say(f"step {step}: train loss {step_loss:.4f}, val loss {last_val:.4f}")
+                if config.hellaswag_file:
+                    evaluate_hellaswag_accuracy(step)
                 metrics.plot(out_dir / PLOT_FILE)
             stop_now = _any_rank(stop.requested, device, dist)
             if (config.checkpoint_interval and step % config.checkpoint_interval == 0) or step == end_step or stop_now:

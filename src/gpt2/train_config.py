@@ -94,6 +94,11 @@ class TrainConfig:
     """Evaluate on the val split every this many steps (and at the first and last step); 0 = never."""
     eval_batches: int = 20
     """Batches per evaluation (per process)."""
+    hellaswag_file: str | None = None
+    """A HellaSwag JSONL file (the official format); when set, completion-style HellaSwag accuracy is measured at
+    every evaluation (see eval_interval) and written to metrics.jsonl as hellaswag_acc / hellaswag_acc_norm."""
+    hellaswag_limit: int | None = 200
+    """HellaSwag examples per evaluation, from the start of the file (None = all of them)."""
     log_interval: int = 1
     """Write a metrics line every this many steps."""
     checkpoint_interval: int = 500
@@ -133,7 +138,7 @@ class TrainConfig:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)}")
         for name in ("n_layer", "n_head", "n_embd", "block_size", "total_batch_tokens", "max_corpus_bytes",
-                     "sample_top_k"):  # fmt: skip
+                     "sample_top_k", "hellaswag_limit"):  # fmt: skip
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be a positive integer or unset, got {value}")
