@@ -377,7 +377,8 @@ def read_tf_checkpoint(prefix: str | os.PathLike[str]) -> dict[str, torch.Tensor
         dtype = TF_DTYPES.get(int(values.get(1, 0)))
         if dtype is None:
             raise ValueError(f"variable {key.decode()} has unsupported TF dtype {values.get(1)}")
-        shape = [int(dict(_proto_fields(dim)).get(1, 0)) for number, dim in _proto_fields(values.get(2, b"")) if number == 2]
+        dims = [dim for number, dim in _proto_fields(values.get(2, b"")) if number == 2]  # TensorShapeProto.dim
+        shape = [int(dict(_proto_fields(dim)).get(1, 0)) for dim in dims]  # Dim.size
         shard = int(values.get(3, 0))
         if shard not in shards:
             shard_path = Path(f"{prefix}.data-{shard:05d}-of-{num_shards:05d}")
@@ -388,7 +389,8 @@ def read_tf_checkpoint(prefix: str | os.PathLike[str]) -> dict[str, torch.Tensor
         raw = bytearray(shards[shard][start : start + size])
         if len(raw) != size:
             raise ValueError(f"variable {key.decode()} lies past the end of its data file (truncated checkpoint?)")
-        tensors[key.decode()] = torch.frombuffer(raw, dtype=dtype).reshape(shape) if size else torch.empty(shape, dtype=dtype)
+        tensor = torch.frombuffer(raw, dtype=dtype).reshape(shape) if size else torch.empty(shape, dtype=dtype)
+        tensors[key.decode()] = tensor
     return tensors
 
 
@@ -418,7 +420,9 @@ def load_openai_tf(directory: str | os.PathLike[str], **config_overrides: Any) -
     except FileNotFoundError as err:
         raise FileNotFoundError(f"{hparams_path} is missing: OpenAI's GPT-2 layout needs hparams.json") from err
     except (json.JSONDecodeError, KeyError) as err:
-        raise ValueError(f"{hparams_path} is not a GPT-2 hparams file (needs n_vocab, n_ctx, n_layer, n_head, n_embd): {err}") from err
+        raise ValueError(
+            f"{hparams_path} is not a GPT-2 hparams file (needs n_vocab, n_ctx, n_layer, n_head, n_embd): {err}"
+        ) from err
     prefix = directory / "model.ckpt"
     pointer = directory / "checkpoint"
     if pointer.is_file():  # `model_checkpoint_path: "model.ckpt"`, relative to the directory

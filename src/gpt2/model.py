@@ -95,7 +95,8 @@ class CausalSelfAttention(nn.Module):
         weights_out: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """x: (B, T, C). mask: None for causal attention without padding (T > 1: over the T fresh positions;
-        T == 1: the one new token sees all S keys), else a bool (B or 1, 1, T, S) where True means "may attend". cache: this layer's (k, v, past) buffers (B, nh, max_len, hs).
+        T == 1: the one new token sees all S keys), else a bool (B or 1, 1, T, S) where True means "may attend".
+        cache: this layer's (k, v, past) buffers (B, nh, max_len, hs).
         weights_out: when given, the explicit path appends the (B, nh, T, S) attention weights to it."""
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
@@ -263,7 +264,8 @@ class GPT(nn.Module):
         logits = self.lm_head(x)  # (B, T, V)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=IGNORE_INDEX)
+            flat_logits = logits.view(-1, logits.size(-1)).float()  # (B*T, V); fp32 even under autocast
+            loss = F.cross_entropy(flat_logits, targets.reshape(-1), ignore_index=IGNORE_INDEX)
         return GPTOutput(logits, loss)
 
     def hidden_states(
@@ -288,6 +290,7 @@ class GPT(nn.Module):
         kv_cache: KVCache | None,
         weights_out: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
+        """hidden_states without input checks: embeddings, the blocks, the final LayerNorm -> (B, T, C)."""
         B, T = idx.shape
         past = kv_cache.length if kv_cache is not None else 0
         if position_ids is None:
@@ -365,7 +368,9 @@ class GPT(nn.Module):
         checking_values = not torch.compiler.is_compiling()  # value checks sync the device; skip under compile
         if checking_values and idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= V):
             bad = idx[(idx < 0) | (idx >= V)][0].item()
-            raise ValueError(f"token id {bad} is outside the vocabulary [0, {V}); check the tokenizer matches the model")
+            raise ValueError(
+                f"token id {bad} is outside the vocabulary [0, {V}); check the tokenizer matches the model"
+            )
         if targets is not None:
             if not isinstance(targets, torch.Tensor) or targets.shape != idx.shape:
                 shape = tuple(targets.shape) if isinstance(targets, torch.Tensor) else type(targets).__name__
