@@ -35,7 +35,6 @@ import torch
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "gpt2-token-shards"
 MANIFEST_VERSION = 1
-SPLITS = ("train", "val")
 DOCUMENT_SEPARATOR = "eot_before_each_document"
 
 # Suffixes a directory source contributes (anything else needs an explicit file or glob); .jsonl is parsed.

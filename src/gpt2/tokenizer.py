@@ -230,7 +230,6 @@ class _RankTable:
         self.mergeable = {symbol_to_bytes(symbol): rank for rank, symbol in enumerate(ordered)}
         self.special = {text: len(ordered) + index for index, text in enumerate(specials)}
         self.id_of_rank = [vocab[symbol] for symbol in ordered] + list(specials.values())
-        self.rank_of_id = {token_id: rank for rank, token_id in enumerate(self.id_of_rank)}
 
 
 def _check_vocabulary(
