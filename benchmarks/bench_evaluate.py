@@ -1,4 +1,4 @@
-"""Sliding-window perplexity throughput, ours (gpt2.evaluate.perplexity) vs transformers' GPT2LMHeadModel.
+"""Sliding-window perplexity throughput, ours (gpt2.eval.perplexity) vs transformers' GPT2LMHeadModel.
 
 Both models hold the same random weights (ours saved, then loaded by transformers), see the same windows
 (`sliding_windows`) in the same batches, and score the same targets; rounds alternate ours / theirs so machine
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from gpt2 import GPT, GPTConfig
-from gpt2.evaluate import perplexity, sliding_windows
+from gpt2.eval import perplexity, sliding_windows
 from gpt2.model import IGNORE_INDEX
 
 

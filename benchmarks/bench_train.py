@@ -19,10 +19,10 @@ from typing import Callable
 import torch
 
 from gpt2.config import GPTConfig
-from gpt2.device import autocast
+from gpt2.runtime.device import autocast
 from gpt2.model import GPT
 from gpt2.train import configure_optimizer
-from gpt2.train_config import TrainConfig
+from gpt2.train.config import TrainConfig
 
 SHAPES = {
     # the shakespeare-char quality setup: 4 layers, 4 heads, width 128, block 64, batch 12, byte vocabulary

@@ -26,7 +26,7 @@ import torch
 from gpt2.data import BatchLoader, load_split
 from gpt2.model import GPT
 from gpt2.train import train
-from gpt2.train_config import TrainConfig
+from gpt2.train.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("GPT2_SHARED_DATA", REPO.parent / "shared" / "data"))

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gpt2 import GPT, GPTConfig
-from gpt2.checkpoint import load_llmc, save_pretrained
+from gpt2.weights import load_llmc, save_pretrained
 
 transformers = pytest.importorskip("transformers")
 
@@ -272,7 +272,7 @@ def test_all_three_fixture_formats_hold_identical_weights(fixtures_dir):
 
 
 def test_tf_variable_names_map_to_ours():
-    from gpt2.checkpoint import tf_name_to_hf
+    from gpt2.weights import tf_name_to_hf
 
     assert tf_name_to_hf("model/wte") == "transformer.wte.weight"
     assert tf_name_to_hf("model/h11/attn/c_attn/w") == "transformer.h.11.attn.c_attn.weight"

@@ -21,12 +21,11 @@ from gpt2.cli import main
 from gpt2.data import (
     MANIFEST_NAME,
     BatchLoader,
-    _pieces,
-    _Report,
     load_split,
     prepare,
     token_dtype,
 )
+from gpt2.data.core import _pieces, _Report
 from gpt2.tokenizer import ByteTokenizer, Tokenizer
 
 EOT_BYTES = ByteTokenizer.eot_token  # 256

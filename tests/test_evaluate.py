@@ -23,11 +23,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpt2 import evaluate
+from gpt2.eval import core as evaluate
 from gpt2.cli import main
 from gpt2.cli.eval import load_model_and_tokenizer
 from gpt2.config import GPTConfig
-from gpt2.evaluate import (
+from gpt2.eval import (
     count_bytes,
     evaluate_hellaswag,
     evaluate_lambada,

@@ -12,10 +12,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import gpt2.generate as generation
+import gpt2.inference.generate as generation
 from gpt2.cli import main
 from gpt2.config import GPTConfig
-from gpt2.generate import filter_top_k, filter_top_p, generate, left_pad, sample_next_token, stream, stream_text
+from gpt2.inference.generate import filter_top_k, filter_top_p, generate, left_pad, sample_next_token, stream, stream_text
 from gpt2.model import GPT
 
 SEED = 1234

@@ -1,7 +1,7 @@
 """Specification of gpt2.tokenizer: GPT-2's exact ids, the file formats, special tokens, streaming, training, CLI.
 
 The references are independent implementations of the same vocabulary: transformers' GPT2TokenizerFast (Rust
-`tokenizers`), tiktoken built by its own loader from the same files, and gpt2.bpe_reference (plain Python).
+`tokenizers`), tiktoken built by its own loader from the same files, and gpt2.tokenizer.reference (plain Python).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpt2 import ByteTokenizer, Tokenizer, train_tokenizer
-from gpt2.bpe_reference import GPT2_SPLIT_PATTERN, ReferenceBPE, split_pieces
+from gpt2.tokenizer.reference import GPT2_SPLIT_PATTERN, ReferenceBPE, split_pieces
 from gpt2.cli import main as cli_main
 
 EDGE_CASES = Path(__file__).parent / "data" / "tokenizer_edge_cases.txt"

@@ -18,8 +18,8 @@ import torch
 from gpt2.cli import main as cli_main
 from gpt2.model import GPT
 from gpt2.train import TrainingDiverged, configure_optimizer, learning_rate_at, parameter_groups, train
-from gpt2.train_checkpoint import checkpoint_dirs, latest_checkpoint, load_train_state
-from gpt2.train_config import PRESETS, TrainConfig, load_config
+from gpt2.train.checkpoint import checkpoint_dirs, latest_checkpoint, load_train_state
+from gpt2.train.config import PRESETS, TrainConfig, load_config
 
 
 def write_corpus(path: Path, words: int = 4000, seed: int = 0) -> Path:
@@ -241,7 +241,7 @@ def test_non_finite_loss_stops_with_a_clear_message_and_keeps_the_last_good_chec
 
 
 def test_an_interrupted_checkpoint_write_leaves_the_previous_checkpoint_loadable(tmp_path, monkeypatch):
-    import gpt2.train as train_module
+    import gpt2.train.core as train_module
 
     config = tiny_config(tmp_path, checkpoint_interval=2, eval_interval=0)
     real_save = torch.save
@@ -355,7 +355,7 @@ def test_compiled_model_trains_like_the_eager_one(tmp_path):
 
 
 def test_stdlib_corpus_is_library_code_in_a_fixed_order():
-    from gpt2.corpus import EXCLUDED_DIRS, stdlib_files, stdlib_root
+    from gpt2.data.corpus import EXCLUDED_DIRS, stdlib_files, stdlib_root
 
     files = stdlib_files()
     root = stdlib_root()
@@ -382,7 +382,7 @@ def write_hellaswag(path: Path) -> Path:
 
 
 def test_training_can_measure_hellaswag_at_every_evaluation(tmp_path):
-    from gpt2.evaluate import evaluate_hellaswag
+    from gpt2.eval import evaluate_hellaswag
     from gpt2.tokenizer import ByteTokenizer
 
     hellaswag = write_hellaswag(tmp_path / "hellaswag.jsonl")

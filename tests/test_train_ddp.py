@@ -15,7 +15,7 @@ import torch
 from test_train import read_weights, tiny_config
 
 from gpt2.train import train
-from gpt2.train_config import TrainConfig
+from gpt2.train.config import TrainConfig
 
 pytestmark = pytest.mark.slow
 WORLD_SIZE = 2

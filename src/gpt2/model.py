@@ -409,8 +409,8 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, **options: Any) -> torch.Tensor:
-        """Continue the (B, T) prompts by `max_new_tokens` tokens. See `gpt2.generate.generate` for options."""
-        from gpt2.generate import generate
+        """Continue the (B, T) prompts by `max_new_tokens` tokens. See `gpt2.inference.generate.generate` for options."""
+        from gpt2.inference.generate import generate
 
         return generate(self, idx, max_new_tokens, **options)
 
@@ -419,13 +419,13 @@ class GPT(nn.Module):
         """Load a GPT-2 checkpoint: a HuggingFace-format directory (or a Hub name such as "gpt2" when online),
         OpenAI's TensorFlow release directory, or an llm.c `.bin` file. `config_overrides` change fields such
         as dropout or attn_impl."""
-        from gpt2.checkpoint import load_any
+        from gpt2.weights import load_any
 
         return load_any(name_or_path, **config_overrides)
 
     def save_pretrained(self, directory: "str | Path") -> None:
         """Write config.json + model.safetensors in the HuggingFace GPT-2 layout (Conv1D weights [in, out]),
         loadable by `GPT.from_pretrained` and by `transformers.GPT2LMHeadModel.from_pretrained`."""
-        from gpt2.checkpoint import save_pretrained
+        from gpt2.weights import save_pretrained
 
         save_pretrained(self, directory)

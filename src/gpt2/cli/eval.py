@@ -1,4 +1,4 @@
-"""`gpt2 eval perplexity | hellaswag | lambada`: the evaluation API (gpt2.evaluate) from the command line.
+"""`gpt2 eval perplexity | hellaswag | lambada`: the evaluation API (gpt2.eval) from the command line.
 
 Each prints a table of its metrics on stdout and, with `--out FILE`, writes them as JSON (with the model and
 data they came from). The tokenizer comes from `--tokenizer`, else from the model directory (training
@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from gpt2.cli.common import load_model_and_tokenizer
-from gpt2.device import resolve_device
-from gpt2.evaluate import (
+from gpt2.runtime.device import resolve_device
+from gpt2.eval import (
     DEFAULT_BATCH_SIZE,
     HELLASWAG_NUM_ENDINGS,
     HELLASWAG_STYLES,
@@ -24,7 +24,7 @@ from gpt2.evaluate import (
     fetch_dataset,
     perplexity,
 )
-from gpt2.files import atomic_write_text
+from gpt2.runtime.files import atomic_write_text
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

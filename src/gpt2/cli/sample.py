@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from gpt2.cli.common import load_model_and_tokenizer
-from gpt2.device import DTYPES, resolve_device
+from gpt2.runtime.device import DTYPES, resolve_device
 from gpt2.inference import optimize_for_inference, quantize_int8
 
 SAMPLE_SEPARATOR = "\n" + "-" * 40 + "\n"
@@ -57,7 +57,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpt2.generate import stream_text
+    from gpt2.inference.generate import stream_text
 
     if args.num_samples < 1:
         raise ValueError(f"-n/--num-samples must be >= 1, got {args.num_samples}")

@@ -15,7 +15,7 @@ EXIT_DIVERGED = 1
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from gpt2.train_config import PRESETS
+    from gpt2.train.config import PRESETS
 
     parser = subparsers.add_parser(
         "train",
@@ -45,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpt2.train import TrainingDiverged, distributed_from_env, train
-    from gpt2.train_config import load_config
+    from gpt2.train.config import load_config
 
     overrides = list(args.overrides)
     if args.out_dir:

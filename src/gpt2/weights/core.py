@@ -21,8 +21,8 @@ from typing import Any, Mapping
 import torch
 
 from gpt2.config import GPTConfig
-from gpt2.files import atomic_write_bytes
-from gpt2.hub import resolve_pretrained
+from gpt2.runtime.files import atomic_write_bytes
+from gpt2.weights.hub import resolve_pretrained
 from gpt2.model import GPT
 
 # Weights of these modules are Conv1D ([in, out]) in HF/OpenAI files and nn.Linear ([out, in]) here.

@@ -38,9 +38,9 @@ import torch.distributed as torch_dist
 import torch.nn as nn
 
 from gpt2.config import GPTConfig
-from gpt2.device import autocast, resolve_device, resolve_dtype, synchronize
+from gpt2.runtime.device import autocast, resolve_device, resolve_dtype, synchronize
 from gpt2.model import GPT
-from gpt2.train_checkpoint import (
+from gpt2.train.checkpoint import (
     CHECKPOINTS_DIR,
     TRAIN_STATE_FORMAT,
     TRAIN_STATE_VERSION,
@@ -52,7 +52,7 @@ from gpt2.train_checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from gpt2.train_config import TrainConfig
+from gpt2.train.config import TrainConfig
 
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "loss.png"
@@ -180,7 +180,7 @@ def prepare_data(config: TrainConfig, out_dir: Path, progress: bool = False) -> 
         return tokenizer, data_path
 
     if config.data == "stdlib":
-        from gpt2.corpus import stdlib_files
+        from gpt2.data.corpus import stdlib_files
 
         sources = stdlib_files(config.max_corpus_bytes)
     else:
@@ -498,7 +498,7 @@ def _train(
 
     def evaluate_hellaswag_accuracy(step: int) -> None:
         """HellaSwag on `hellaswag_file` (every rank computes the same numbers; rank 0 writes them)."""
-        from gpt2.evaluate import evaluate_hellaswag
+        from gpt2.eval import evaluate_hellaswag
 
         scored_model = model if fsdp else raw_model  # FSDP needs every rank in the forward; DDP does not
         result = evaluate_hellaswag(scored_model, tokenizer, config.hellaswag_file, limit=config.hellaswag_limit)

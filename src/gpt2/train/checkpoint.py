@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from gpt2.model import GPT
-from gpt2.train_config import TrainConfig
+from gpt2.train.config import TrainConfig
 
 TRAIN_STATE_FILE = "train_state.pt"
 TRAIN_CONFIG_FILE = "train_config.json"
@@ -52,7 +52,7 @@ def save_checkpoint(
 ) -> Path:
     """Write OUT/checkpoints/step_N atomically (a temporary folder renamed into place), drop all but the last
     `keep`, then refresh the top-level model and tokenizer in OUT. `state` holds plain tensors and containers."""
-    from gpt2.checkpoint import save_pretrained
+    from gpt2.weights import save_pretrained
 
     root = out_dir / CHECKPOINTS_DIR
     root.mkdir(parents=True, exist_ok=True)
@@ -103,7 +103,7 @@ def load_train_state(checkpoint_dir: Path) -> dict[str, Any]:
 
 def load_checkpoint_weights(model: GPT, checkpoint_dir: Path) -> None:
     """Copy the checkpoint's model.safetensors into `model`, refusing a different model shape."""
-    from gpt2.checkpoint import config_from_hf, load_hf_state_dict, read_hf_state_dict
+    from gpt2.weights import config_from_hf, load_hf_state_dict, read_hf_state_dict
 
     saved = config_from_hf(json.loads((checkpoint_dir / "config.json").read_text()))
     ours = model.config

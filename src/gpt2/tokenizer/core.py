@@ -39,8 +39,8 @@ from typing import AbstractSet, Callable, Iterable, Iterator, Literal, Sequence
 
 import tiktoken
 
-from gpt2.bpe_reference import bytes_to_unicode, gpt2_byte_order, symbol_to_bytes, unicode_to_bytes
-from gpt2.files import atomic_write_text
+from gpt2.tokenizer.reference import bytes_to_unicode, gpt2_byte_order, symbol_to_bytes, unicode_to_bytes
+from gpt2.runtime.files import atomic_write_text
 
 EOT_TEXT = "<|endoftext|>"
 # GPT-2's split pattern (bpe_reference.GPT2_SPLIT_PATTERN) in tiktoken's equivalent, faster spelling
@@ -332,7 +332,7 @@ class Tokenizer:
         The directory may hold, in order of preference: a saved `ByteTokenizer` (byte_tokenizer.json),
         OpenAI's encoder.json + vocab.bpe, Hugging Face's vocab.json + merges.txt, or a tokenizer.json.
         """
-        from gpt2.hub import resolve_pretrained
+        from gpt2.weights.hub import resolve_pretrained
 
         directory = resolve_pretrained(name_or_path, allow_patterns=HUB_PATTERNS)
         if (directory / BYTE_TOKENIZER_FILE).is_file():

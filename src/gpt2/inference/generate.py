@@ -344,7 +344,7 @@ def _check_prompt(model: "GPT", idx: Any, attention_mask: Any, truncate: Truncat
     if not bool(attention_mask[:, -1].all()) or bool((attention_mask[:, 1:] < attention_mask[:, :-1]).any()):
         raise ValueError(
             "attention_mask must describe left padding (0s then 1s in every row, last column 1): generation "
-            "continues after the last column; build the batch with gpt2.generate.left_pad"
+            "continues after the last column; build the batch with gpt2.inference.generate.left_pad"
         )
 
 

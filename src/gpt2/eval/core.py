@@ -38,7 +38,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from gpt2.files import atomic_write_bytes
+from gpt2.runtime.files import atomic_write_bytes
 from gpt2.model import GPT, IGNORE_INDEX
 
 HellaSwagStyle = Literal["nanogpt", "lm-eval"]

@@ -23,7 +23,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI
 
 from gpt2.config import PRESETS as MODEL_PRESETS
 from gpt2.config import GPTConfig
-from gpt2.device import DtypeName
+from gpt2.runtime.device import DtypeName
 
 DeviceName = str  # "auto", "cpu", "cuda", "cuda:1", ...
 TokenizerSpec = str  # "bytes" (or "byte"), "bpe" (train one on the corpus), or a tokenizer directory / Hub name

@@ -1,0 +1,3 @@
+"""Evaluation: perplexity, HellaSwag, LAMBADA."""
+
+from gpt2.eval.core import *  # noqa: F403

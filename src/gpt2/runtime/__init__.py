@@ -1,0 +1,1 @@
+"""What every layer may use: device and dtype resolution, atomic file writes."""
