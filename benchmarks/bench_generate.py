@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from gpt2.config import GPTConfig
 from gpt2.inference import optimize_for_inference, quantize_int8
 from gpt2.model import GPT
+from gpt2.tokenizer import load_tokenizer
 
 SEED = 0
 BANDWIDTH_BYTES = 512 * 2**20  # far beyond any cache, so the sum streams from DRAM
@@ -91,9 +92,8 @@ def bytes_per_step(model: torch.nn.Module, batch_size: int, context: int) -> int
 def evaluation_tokens(count: int, vocab_size: int) -> tuple[torch.Tensor, str]:
     text_path, bpe_dir = SHARED_DATA / "corpora" / "tinyshakespeare.txt", SHARED_DATA / "gpt2-bpe"
     if text_path.is_file() and bpe_dir.is_dir():
-        from gpt2.tokenizer import Tokenizer
 
-        ids = Tokenizer.from_pretrained(bpe_dir).encode(text_path.read_text()[:20000])[:count]
+        ids = load_tokenizer(bpe_dir).encode(text_path.read_text()[:20000])[:count]
         return torch.tensor([ids]), "tinyshakespeare (GPT-2 BPE)"
     return torch.randint(0, vocab_size, (1, count), generator=torch.Generator().manual_seed(SEED)), "random tokens"
 

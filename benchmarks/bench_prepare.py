@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from gpt2.tokenizer import load_tokenizer
+
 REPO = Path(__file__).resolve().parents[1]
 SHAKESPEARE = REPO.parent / "shared" / "data" / "corpora" / "tinyshakespeare.txt"
 GPT2_BPE = REPO.parent / "shared" / "data" / "gpt2-bpe"
@@ -29,9 +31,8 @@ def run_one(mode: str, corpus: Path, out: Path, chunk_chars: int) -> dict:
     import numpy as np
 
     from gpt2.data import load_split, prepare
-    from gpt2.tokenizer import Tokenizer
 
-    tokenizer = Tokenizer.from_pretrained(GPT2_BPE)
+    tokenizer = load_tokenizer(GPT2_BPE)
     start = time.perf_counter()
     if mode == "ours":
         prepare([corpus], out, tokenizer, chunk_chars=chunk_chars, progress=False)

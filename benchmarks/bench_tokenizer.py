@@ -22,6 +22,8 @@ import sysconfig
 import time
 from pathlib import Path
 
+from gpt2.tokenizer import load_tokenizer
+
 SHARED_DATA = Path(os.environ.get("GPT2_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 MB = 1e6
 
@@ -64,12 +66,12 @@ def main() -> None:
     import tiktoken
     from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
-    from gpt2 import Tokenizer, train_tokenizer
+    from gpt2 import train_tokenizer
     from gpt2.tokenizer import TIKTOKEN_SPLIT_PATTERN
 
     text = args.corpus.read_text(encoding="utf-8") * args.copies
     size_mb = len(text.encode("utf-8")) / MB
-    ours = Tokenizer.from_pretrained(args.bpe_dir)
+    ours = load_tokenizer(args.bpe_dir)
     os.environ["TIKTOKEN_CACHE_DIR"] = ""  # read the local files, write no cache
     ranks = data_gym_to_mergeable_bpe_ranks(str(args.bpe_dir / "vocab.bpe"), str(args.bpe_dir / "encoder.json"))
     reference = tiktoken.Encoding("gpt2-local", pat_str=TIKTOKEN_SPLIT_PATTERN, mergeable_ranks=ranks,

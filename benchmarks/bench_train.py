@@ -19,8 +19,8 @@ from typing import Callable
 import torch
 
 from gpt2.config import GPTConfig
-from gpt2.runtime.device import autocast
 from gpt2.model import GPT
+from gpt2.runtime.device import autocast
 from gpt2.train import configure_optimizer
 from gpt2.train.config import TrainConfig
 

@@ -26,7 +26,7 @@ from gpt2.data import (
     token_dtype,
 )
 from gpt2.data.core import _pieces, _Report
-from gpt2.tokenizer import ByteTokenizer, Tokenizer
+from gpt2.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 
 EOT_BYTES = ByteTokenizer.eot_token  # 256
 
@@ -34,7 +34,7 @@ EOT_BYTES = ByteTokenizer.eot_token  # 256
 @pytest.fixture(scope="module")
 def gpt2_tokenizer() -> Tokenizer:
     shared_file("gpt2-bpe/encoder.json")
-    return Tokenizer.from_pretrained(shared_file("gpt2-bpe/vocab.bpe").parent)
+    return load_tokenizer(shared_file("gpt2-bpe/vocab.bpe").parent)
 
 
 class WideTokenizer:

@@ -23,10 +23,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpt2.eval import core as evaluate
 from gpt2.cli import main
 from gpt2.cli.eval import load_model_and_tokenizer
 from gpt2.config import GPTConfig
+from gpt2.eval import core as evaluate
 from gpt2.eval import (
     count_bytes,
     evaluate_hellaswag,
@@ -39,7 +39,7 @@ from gpt2.eval import (
     sliding_windows,
 )
 from gpt2.model import GPT
-from gpt2.tokenizer import ByteTokenizer
+from gpt2.tokenizer import ByteTokenizer, load_tokenizer
 
 V = ByteTokenizer.vocab_size  # 257
 N_EMBD = 64
@@ -203,9 +203,8 @@ def test_count_bytes_ignores_the_end_of_text_token() -> None:
 
 
 def test_count_bytes_with_gpt2_bpe_equals_the_text_bytes(gpt2_bpe_dir: Path) -> None:
-    from gpt2.tokenizer import Tokenizer
 
-    tokenizer = Tokenizer.from_pretrained(gpt2_bpe_dir)
+    tokenizer = load_tokenizer(gpt2_bpe_dir)
     text = "Hello world — déjà vu, 東京 🙂"
     assert count_bytes(tokenizer, tokenizer.encode(text), tokenizer.vocab_size) == len(text.encode("utf-8"))
 

@@ -15,8 +15,17 @@ from hypothesis import strategies as st
 import gpt2.inference.generate as generation
 from gpt2.cli import main
 from gpt2.config import GPTConfig
-from gpt2.inference.generate import filter_top_k, filter_top_p, generate, left_pad, sample_next_token, stream, stream_text
+from gpt2.inference.generate import (
+    filter_top_k,
+    filter_top_p,
+    generate,
+    left_pad,
+    sample_next_token,
+    stream,
+    stream_text,
+)
 from gpt2.model import GPT
+from gpt2.tokenizer import load_tokenizer
 
 SEED = 1234
 NEG_INF = float("-inf")
@@ -372,9 +381,8 @@ def test_stream_text_never_splits_a_multibyte_character() -> None:
 
 
 def test_stream_text_with_gpt2_bpe_equals_decode(gpt2_bpe_dir: Path) -> None:
-    from gpt2.tokenizer import Tokenizer
 
-    tokenizer = Tokenizer.from_pretrained(gpt2_bpe_dir)
+    tokenizer = load_tokenizer(gpt2_bpe_dir)
     text = "Emoji 🤗🦄 and ṩ ꙮ mixed with words."
     pieces, script = stream_pieces(tokenizer, text)
     assert "".join(pieces) == tokenizer.decode(script[:-1]) == text
@@ -476,12 +484,11 @@ def saved_model_dir(tmp_path: Path) -> Path:
 
 
 def test_sample_cli_streams_what_the_library_generates(saved_model_dir: Path, capsys: pytest.CaptureFixture) -> None:
-    from gpt2.tokenizer import Tokenizer
 
     assert main(["sample", "--model", str(saved_model_dir), "--prompt", "Hi", "--temperature", "0",
                  "--max-new-tokens", "12"]) == 0
     model = GPT.from_pretrained(saved_model_dir)
-    tokenizer = Tokenizer.from_pretrained(saved_model_dir)
+    tokenizer = load_tokenizer(saved_model_dir)
     expected = "".join(stream_text(model, tokenizer, "Hi", 12, temperature=0, stop_token_ids=[tokenizer.eot_token]))
     assert capsys.readouterr().out == "Hi" + expected + "\n"
 

@@ -19,8 +19,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpt2 import ByteTokenizer, Tokenizer, train_tokenizer
-from gpt2.tokenizer.reference import GPT2_SPLIT_PATTERN, ReferenceBPE, split_pieces
 from gpt2.cli import main as cli_main
+from gpt2.tokenizer import load_tokenizer
+from gpt2.tokenizer.reference import GPT2_SPLIT_PATTERN, ReferenceBPE, split_pieces
 
 EDGE_CASES = Path(__file__).parent / "data" / "tokenizer_edge_cases.txt"
 EOT = "<|endoftext|>"
@@ -38,7 +39,7 @@ def bpe_dir() -> Path:
 
 @pytest.fixture(scope="module")
 def gpt2_tok(bpe_dir: Path) -> Tokenizer:
-    return Tokenizer.from_pretrained(bpe_dir)
+    return load_tokenizer(bpe_dir)
 
 
 @pytest.fixture(scope="module")
@@ -263,8 +264,8 @@ def test_loads_the_same_vocabulary_from_every_layout(gpt2_tok, bpe_dir, hf_dir, 
     hf.save(str(tmp_path / "json" / "tokenizer.json"))
 
     loaded = [
-        Tokenizer.from_pretrained(hf_dir),
-        Tokenizer.from_pretrained(tmp_path / "json"),
+        load_tokenizer(hf_dir),
+        load_tokenizer(tmp_path / "json"),
         Tokenizer.from_files(bpe_dir / "encoder.json", bpe_dir / "vocab.bpe"),
     ]
     for tok in loaded:
@@ -284,7 +285,7 @@ def test_save_writes_both_layouts_and_reloads_identically(gpt2_tok, bpe_dir, tmp
     assert (tmp_path / "encoder.json").read_text() == (tmp_path / "vocab.json").read_text()
     assert (tmp_path / "vocab.bpe").read_text() == (tmp_path / "merges.txt").read_text()
     assert json.loads((tmp_path / "encoder.json").read_text()) == json.loads((bpe_dir / "encoder.json").read_text())
-    assert Tokenizer.from_pretrained(tmp_path).identity == gpt2_tok.identity
+    assert load_tokenizer(tmp_path).identity == gpt2_tok.identity
 
 
 def test_hub_name_that_cannot_be_fetched_is_a_clear_error(monkeypatch, tmp_path) -> None:
@@ -296,25 +297,25 @@ def test_hub_name_that_cannot_be_fetched_is_a_clear_error(monkeypatch, tmp_path)
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)  # the test never touches the network
     monkeypatch.chdir(tmp_path)  # so the name cannot be mistaken for a local directory
     with pytest.raises(FileNotFoundError, match="'no-such-user/no-such-tokenizer'"):
-        Tokenizer.from_pretrained("no-such-user/no-such-tokenizer")
+        load_tokenizer("no-such-user/no-such-tokenizer")
 
 
 def test_directory_without_vocabulary_names_the_files_it_wants(tmp_path) -> None:
     with pytest.raises(FileNotFoundError, match="encoder.json \\+ vocab.bpe, vocab.json \\+ merges.txt"):
-        Tokenizer.from_pretrained(tmp_path)
+        load_tokenizer(tmp_path)
 
 
 def test_missing_merges_file_is_named(bpe_dir, tmp_path) -> None:
     shutil.copyfile(bpe_dir / "encoder.json", tmp_path / "encoder.json")
     with pytest.raises(FileNotFoundError, match="vocab.bpe"):
-        Tokenizer.from_pretrained(tmp_path)
+        load_tokenizer(tmp_path)
 
 
 def test_corrupt_vocabulary_json_names_file_and_position(bpe_dir, tmp_path) -> None:
     (tmp_path / "encoder.json").write_bytes((bpe_dir / "encoder.json").read_bytes()[:5000])
     shutil.copyfile(bpe_dir / "vocab.bpe", tmp_path / "vocab.bpe")
     with pytest.raises(ValueError, match=r"encoder.json: not valid JSON \(.* line 1 column"):
-        Tokenizer.from_pretrained(tmp_path)
+        load_tokenizer(tmp_path)
 
 
 def test_malformed_merge_line_is_named(trained: Tokenizer, tmp_path) -> None:
@@ -323,7 +324,7 @@ def test_malformed_merge_line_is_named(trained: Tokenizer, tmp_path) -> None:
     lines[3] = "abc"
     (tmp_path / "vocab.bpe").write_text("\n".join(lines))
     with pytest.raises(ValueError, match=r"vocab.bpe line 4: expected two symbols .* got 'abc'"):
-        Tokenizer.from_pretrained(tmp_path)
+        load_tokenizer(tmp_path)
 
 
 def test_merge_whose_result_is_not_in_the_vocabulary_is_refused(trained: Tokenizer) -> None:
@@ -391,7 +392,7 @@ def test_trained_tokenizer_round_trips_and_reloads_to_the_same_ids(trained, shak
     assert trained.decode(ids) == shakespeare_text
     assert len(ids) < len(shakespeare_text.encode()) / 2  # it learned something
     trained.save(tmp_path)
-    reloaded = Tokenizer.from_pretrained(tmp_path)
+    reloaded = load_tokenizer(tmp_path)
     assert reloaded.encode(shakespeare_text) == ids
     assert reloaded.identity == trained.identity
 
@@ -462,7 +463,7 @@ def test_byte_tokenizer_streams_a_split_character() -> None:
 
 def test_byte_tokenizer_saves_and_is_recognised_by_from_pretrained(tmp_path) -> None:
     ByteTokenizer().save(tmp_path)
-    loaded = Tokenizer.from_pretrained(tmp_path)
+    loaded = load_tokenizer(tmp_path)
     assert isinstance(loaded, ByteTokenizer)
     assert loaded.identity == ByteTokenizer().identity
 
@@ -519,7 +520,7 @@ def test_cli_tokenizer_train_writes_a_loadable_tokenizer(tinyshakespeare, tmp_pa
     assert status == 0
     assert "vocab_size=512" in out
     assert sorted(path.name for path in out_dir.iterdir()) == ["encoder.json", "merges.txt", "vocab.bpe", "vocab.json"]
-    tok = Tokenizer.from_pretrained(out_dir)
+    tok = load_tokenizer(out_dir)
     assert tok.vocab_size == 512 and tok.eot_token == 511
     status, out, _ = run_cli(["tokenize", str(tinyshakespeare), "--tokenizer", str(out_dir), "--count"])
     assert int(out) == len(tok.encode(tinyshakespeare.read_text()))

@@ -17,6 +17,7 @@ import torch
 
 from gpt2.cli import main as cli_main
 from gpt2.model import GPT
+from gpt2.tokenizer import load_tokenizer
 from gpt2.train import TrainingDiverged, configure_optimizer, learning_rate_at, parameter_groups, train
 from gpt2.train.checkpoint import checkpoint_dirs, latest_checkpoint, load_train_state
 from gpt2.train.config import PRESETS, TrainConfig, load_config
@@ -331,9 +332,8 @@ def test_main_job_runs_end_to_end_at_a_tiny_size(tmp_path, capsys):
     for name in ("model.safetensors", "config.json", "vocab.json", "merges.txt", "metrics.jsonl", "loss.png"):
         assert (out / name).is_file(), name
     assert latest_checkpoint(out).name == "step_00000006"
-    from gpt2.tokenizer import Tokenizer
 
-    tokenizer = Tokenizer.from_pretrained(out)
+    tokenizer = load_tokenizer(out)
     model = GPT.from_pretrained(out)
     assert tokenizer.vocab_size == model.config.vocab_size == 320
 

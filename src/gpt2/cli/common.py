@@ -7,16 +7,16 @@ from typing import Any
 import torch
 
 from gpt2.model import GPT
+from gpt2.tokenizer import load_tokenizer
 
 
 def load_model_and_tokenizer(model_name: str, tokenizer_name: str | None, device: torch.device) -> tuple[GPT, Any]:
     """The model (any format `GPT.from_pretrained` reads) on `device`, and its tokenizer: `tokenizer_name` when
     given, else the one saved beside the model (as `gpt2 train` does) or the Hub repo's own."""
-    from gpt2.tokenizer import Tokenizer
 
     model = GPT.from_pretrained(model_name).to(device)  # first: a wrong --model is named as such
     try:
-        tokenizer = Tokenizer.from_pretrained(tokenizer_name or model_name)
+        tokenizer = load_tokenizer(tokenizer_name or model_name)
     except FileNotFoundError as err:
         if tokenizer_name:
             raise

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from gpt2.cli.common import load_model_and_tokenizer
-from gpt2.runtime.device import resolve_device
 from gpt2.eval import (
     DEFAULT_BATCH_SIZE,
     HELLASWAG_NUM_ENDINGS,
@@ -24,6 +23,7 @@ from gpt2.eval import (
     fetch_dataset,
     perplexity,
 )
+from gpt2.runtime.device import resolve_device
 from gpt2.runtime.files import atomic_write_text
 
 

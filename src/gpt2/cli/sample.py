@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from gpt2.cli.common import load_model_and_tokenizer
-from gpt2.runtime.device import DTYPES, resolve_device
 from gpt2.inference import optimize_for_inference, quantize_int8
+from gpt2.runtime.device import DTYPES, resolve_device
 
 SAMPLE_SEPARATOR = "\n" + "-" * 40 + "\n"
 INT8 = "int8"  # weight-only int8 with bfloat16 activations (gpt2.inference); fastest on CPU

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from gpt2.tokenizer import load_tokenizer
+
 TOKENIZER_ENV = "GPT2_TOKENIZER"  # the tokenizer `gpt2 tokenize` and `gpt2 prepare` use when none is passed
 
 
@@ -61,7 +63,6 @@ def _read_input(name: str) -> str:
 
 
 def run_tokenize(args: argparse.Namespace) -> int:
-    from gpt2.tokenizer import Tokenizer
 
     source = args.tokenizer or os.environ.get(TOKENIZER_ENV)
     if not source:
@@ -69,7 +70,7 @@ def run_tokenize(args: argparse.Namespace) -> int:
             "no tokenizer given: pass --tokenizer DIR (a folder with encoder.json + vocab.bpe, vocab.json + "
             f"merges.txt or tokenizer.json) or a Hub name such as 'gpt2', or set {TOKENIZER_ENV}"
         )
-    tokenizer = Tokenizer.from_pretrained(source)
+    tokenizer = load_tokenizer(source)
     text = _read_input(args.file)
     ids = tokenizer.encode(text, allowed_special="all" if args.allow_special else frozenset())
     print(len(ids) if args.count else " ".join(map(str, ids)))

@@ -27,10 +27,12 @@ import shutil
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Protocol, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
+
+from gpt2.tokenizer.protocol import TextTokenizer
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "gpt2-token-shards"
@@ -43,16 +45,6 @@ DEFAULT_SHARD_TOKENS = 100_000_000  # llm.c's shard size: 200 MB of uint16 per f
 DEFAULT_CHUNK_CHARS = 1 << 18  # text is tokenized in pieces of at most this many characters
 MAX_LISTED_FILES = 100  # the manifest names at most this many empty / repaired files (all are counted)
 _COPY_TOKENS = 1 << 22  # tokens per read when splitting or hashing shards: bounded memory
-
-
-class TokenizerLike(Protocol):
-    """What `prepare` needs from a tokenizer (gpt2.tokenizer's Tokenizer and ByteTokenizer both qualify)."""
-
-    eot_token: int
-    vocab_size: int
-    identity: str
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]: ...
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -606,7 +598,7 @@ def _listed(paths: list[str]) -> dict[str, Any]:
 def prepare(
     sources: Sequence[str | Path],
     out_dir: str | Path,
-    tokenizer: TokenizerLike,
+    tokenizer: TextTokenizer,
     *,
     jsonl_field: str = "text",
     val_fraction: float = 0.1,
@@ -630,7 +622,7 @@ def prepare(
     byte-for-byte the same for the same inputs. Returns the manifest (also written to out_dir/manifest.json).
 
     >>> from gpt2.tokenizer import Tokenizer                                    # doctest: +SKIP
-    >>> manifest = prepare(["input.txt"], "data/shakespeare", Tokenizer.from_pretrained("gpt2"))  # doctest: +SKIP
+    >>> manifest = prepare(["input.txt"], "data/shakespeare", load_tokenizer("gpt2"))  # doctest: +SKIP
     >>> manifest["splits"]                                                       # doctest: +SKIP
     {'train': 304223, 'val': 33803}
     """
@@ -698,7 +690,7 @@ def prepare(
 
 def _tokenize_into(
     writer: _StreamWriter,
-    tokenizer: TokenizerLike,
+    tokenizer: TextTokenizer,
     pieces: Iterator[tuple[int, bool, str]],
     sources: list[_Source],
     chunk_chars: int,
@@ -743,7 +735,7 @@ def _tokenize_into(
 
 
 def _manifest(
-    tokenizer: TokenizerLike,
+    tokenizer: TextTokenizer,
     dtype: np.dtype,
     val_fraction: float,
     shard_tokens: int,

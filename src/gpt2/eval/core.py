@@ -32,14 +32,15 @@ import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Literal, Mapping, Protocol, Sequence
+from typing import Any, Iterable, Iterator, Literal, Mapping, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from gpt2.runtime.files import atomic_write_bytes
 from gpt2.model import GPT, IGNORE_INDEX
+from gpt2.runtime.files import atomic_write_bytes
+from gpt2.tokenizer.protocol import TextTokenizer
 
 HellaSwagStyle = Literal["nanogpt", "lm-eval"]
 HELLASWAG_STYLES: tuple[str, ...] = ("nanogpt", "lm-eval")
@@ -47,16 +48,6 @@ HELLASWAG_NUM_ENDINGS = 4
 DEFAULT_BATCH_SIZE = 8  # rows per forward: 8 x 1024 x 50257 fp32 logits is 1.6 GB, fine on CPU and GPU
 COUNT_CHUNK_TOKENS = 1 << 24  # tokens per step when counting bytes: bounded memory on big shards
 CACHE_ENV = "GPT2_CACHE"  # where fetched evaluation files go (default ~/.cache/gpt2)
-
-
-class TokenizerLike(Protocol):
-    """What evaluation needs from a tokenizer (`gpt2.tokenizer.Tokenizer` and `ByteTokenizer` qualify)."""
-
-    eot_token: int
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode_bytes(self, ids: Sequence[int]) -> bytes: ...
 
 
 # ------------------------------------------------------------------------------------------- model mode
@@ -235,7 +226,7 @@ def perplexity(
     )
 
 
-def token_byte_lengths(tokenizer: TokenizerLike, vocab_size: int) -> np.ndarray:
+def token_byte_lengths(tokenizer: TextTokenizer, vocab_size: int) -> np.ndarray:
     """(vocab_size,) UTF-8 byte length of each token id; special tokens (<|endoftext|>) count 0 bytes: they
     separate documents, they are not text."""
     special = set(getattr(tokenizer, "special_tokens", {}).values()) | {tokenizer.eot_token}
@@ -246,7 +237,7 @@ def token_byte_lengths(tokenizer: TokenizerLike, vocab_size: int) -> np.ndarray:
     return lengths
 
 
-def count_bytes(tokenizer: TokenizerLike, tokens: Sequence[int] | np.ndarray, vocab_size: int | None = None) -> int:
+def count_bytes(tokenizer: TextTokenizer, tokens: Sequence[int] | np.ndarray, vocab_size: int | None = None) -> int:
     """UTF-8 bytes of the text `tokens` decode to, special tokens excluded (byte-level BPE is lossless, so
     for tokens = encode(text) this is len(text.encode("utf-8")))."""
     array = _as_numpy_tokens(tokens)
@@ -449,7 +440,7 @@ def read_hellaswag(
 
 def evaluate_hellaswag(
     model: GPT,
-    tokenizer: TokenizerLike,
+    tokenizer: TextTokenizer,
     source: str | Path | Iterable[Mapping[str, Any]] | None = None,
     *,
     limit: int | None = None,
@@ -521,7 +512,7 @@ def read_lambada(
 
 def evaluate_lambada(
     model: GPT,
-    tokenizer: TokenizerLike,
+    tokenizer: TextTokenizer,
     source: str | Path | Iterable[Mapping[str, Any]] | None = None,
     *,
     limit: int | None = None,

@@ -29,10 +29,12 @@ last block_size tokens and recompute" loop, at the cost of a block_size-token pr
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Sequence
 
 import torch
 import torch.nn.functional as F
+
+from gpt2.tokenizer.protocol import TextTokenizer
 
 if TYPE_CHECKING:
     from gpt2.model import GPT, KVCache
@@ -42,26 +44,6 @@ DEFAULT_SLIDE_FRACTION = 4  # slide_by defaults to block_size // 4 (see the modu
 # top-p counts a cumulative mass within this of p as having reached p: probabilities summed in float32 are
 # off by ~1e-7, and a mass of exactly p must not pull in the next token because of it.
 TOP_P_TOLERANCE = 1e-6
-
-
-class StreamDecoder(Protocol):
-    def push(self, token_id: int) -> str: ...
-
-    def flush(self) -> str: ...
-
-
-class TextTokenizer(Protocol):
-    """What `stream_text` needs of a tokenizer (`gpt2.tokenizer.Tokenizer` and `ByteTokenizer` both fit)."""
-
-    eot_token: int
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, ids: Sequence[int]) -> str: ...
-
-    def stream_decoder(self) -> StreamDecoder: ...
-
-    def __len__(self) -> int: ...
 
 
 # ------------------------------------------------------------------------------------------ batching

@@ -39,8 +39,8 @@ from typing import AbstractSet, Callable, Iterable, Iterator, Literal, Sequence
 
 import tiktoken
 
-from gpt2.tokenizer.reference import bytes_to_unicode, gpt2_byte_order, symbol_to_bytes, unicode_to_bytes
 from gpt2.runtime.files import atomic_write_text
+from gpt2.tokenizer.reference import bytes_to_unicode, gpt2_byte_order, symbol_to_bytes, unicode_to_bytes
 
 EOT_TEXT = "<|endoftext|>"
 # GPT-2's split pattern (bpe_reference.GPT2_SPLIT_PATTERN) in tiktoken's equivalent, faster spelling

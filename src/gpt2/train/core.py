@@ -38,8 +38,8 @@ import torch.distributed as torch_dist
 import torch.nn as nn
 
 from gpt2.config import GPTConfig
-from gpt2.runtime.device import autocast, resolve_device, resolve_dtype, synchronize
 from gpt2.model import GPT
+from gpt2.runtime.device import autocast, resolve_device, resolve_dtype, synchronize
 from gpt2.train.checkpoint import (
     CHECKPOINTS_DIR,
     TRAIN_STATE_FORMAT,

@@ -21,9 +21,9 @@ from typing import Any, Mapping
 import torch
 
 from gpt2.config import GPTConfig
+from gpt2.model import GPT
 from gpt2.runtime.files import atomic_write_bytes
 from gpt2.weights.hub import resolve_pretrained
-from gpt2.model import GPT
 
 # Weights of these modules are Conv1D ([in, out]) in HF/OpenAI files and nn.Linear ([out, in]) here.
 CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
