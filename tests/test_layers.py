@@ -7,7 +7,7 @@ never sideways into another subpackage of its own layer):
     cli
     train | serve | inspect | finetune
     api (the facade) | eval
-    data | inference
+    data | inference | export
     tokenizer | weights
     model | weights.hub (the one network boundary)
     config | runtime
@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("gpt2.config", "gpt2.runtime"),
     ("gpt2.model", "gpt2.weights.hub"),
     ("gpt2.tokenizer", "gpt2.weights"),
-    ("gpt2.data", "gpt2.inference"),
+    ("gpt2.data", "gpt2.inference", "gpt2.export"),
     ("gpt2.api", "gpt2.eval"),
     ("gpt2.train", "gpt2.serve", "gpt2.inspect", "gpt2.finetune"),
     ("gpt2.cli",),
