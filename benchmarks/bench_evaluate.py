@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from gpt2 import GPT, GPTConfig
 from gpt2.eval import perplexity, sliding_windows
 from gpt2.model import IGNORE_INDEX
+from gpt2.weights import save_pretrained
 
 
 def hf_perplexity(model, tokens: np.ndarray, context_length: int, stride: int, batch_size: int) -> float:
@@ -60,7 +61,7 @@ def main() -> None:
     device = torch.device(args.device)
     ours = GPT(GPTConfig.from_name(args.preset)).to(device).eval()
     with tempfile.TemporaryDirectory() as directory:
-        ours.save_pretrained(directory)
+        save_pretrained(ours, directory)
         theirs = GPT2LMHeadModel.from_pretrained(directory).to(device).eval()
     context = ours.config.block_size
     tokens = np.random.default_rng(0).integers(0, ours.config.vocab_size, size=args.tokens)

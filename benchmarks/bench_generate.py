@@ -31,8 +31,10 @@ import torch.nn.functional as F
 
 from gpt2.config import GPTConfig
 from gpt2.inference import optimize_for_inference, quantize_int8
+from gpt2.inference.generation import generate
 from gpt2.model import GPT
 from gpt2.tokenizer import load_tokenizer
+from gpt2.weights import load_model, save_pretrained
 
 SEED = 0
 BANDWIDTH_BYTES = 512 * 2**20  # far beyond any cache, so the sum streams from DRAM
@@ -103,13 +105,13 @@ def precision_report(reference: GPT, variants: dict[str, GPT], tokens: torch.Ten
     logp_ref = F.log_softmax(reference(tokens).logits.float(), dim=-1)  # (1, T, V)
     targets = tokens[:, 1:]
     chosen_ref = logp_ref[:, :-1].gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    greedy_ref = reference.generate(tokens[:, :32], greedy_tokens, temperature=0)[0, 32:]
+    greedy_ref = generate(reference, tokens[:, :32], greedy_tokens, temperature=0)[0, 32:]
     report = {"fp32 perplexity": math.exp(-chosen_ref.mean().item())}
     for name, model in variants.items():
         logp = F.log_softmax(model(tokens).logits.float(), dim=-1)
         chosen = logp[:, :-1].gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         delta = (chosen - chosen_ref).abs()
-        greedy = model.generate(tokens[:, :32], greedy_tokens, temperature=0)[0, 32:]
+        greedy = generate(model, tokens[:, :32], greedy_tokens, temperature=0)[0, 32:]
         same = (greedy == greedy_ref).tolist()
         report[name] = {
             "mean |dlogp|": delta.mean().item(),
@@ -141,11 +143,11 @@ def main() -> None:
     torch.manual_seed(SEED)
     ours = GPT(GPTConfig.from_name("gpt2")).eval()
     with tempfile.TemporaryDirectory() as directory:
-        ours.save_pretrained(directory)
+        save_pretrained(ours, directory)
         theirs = GPT2LMHeadModel.from_pretrained(directory).eval()
-        ours_bf16 = GPT.from_pretrained(directory).to(torch.bfloat16).eval()
-        ours_int8 = quantize_int8(GPT.from_pretrained(directory)).eval()
-        ours_split = optimize_for_inference(GPT.from_pretrained(directory))
+        ours_bf16 = load_model(directory).to(torch.bfloat16).eval()
+        ours_int8 = quantize_int8(load_model(directory)).eval()
+        ours_split = optimize_for_inference(load_model(directory))
 
     n_new, n_prompt = args.new_tokens, args.prompt_tokens
     context = n_prompt + n_new // 2
@@ -155,14 +157,14 @@ def main() -> None:
         idx = torch.randint(0, ours.config.vocab_size, (batch_size, n_prompt), generator=torch.Generator().manual_seed(SEED))
         outputs: dict[str, torch.Tensor] = {}
         variants: dict[str, Callable[[], torch.Tensor]] = {
-            "ours fp32": lambda: ours_split.generate(idx, n_new, temperature=0),
-            "ours fp32 (plain nn.Linear)": lambda: ours.generate(idx, n_new, temperature=0),
+            "ours fp32": lambda: generate(ours_split, idx, n_new, temperature=0),
+            "ours fp32 (plain nn.Linear)": lambda: generate(ours, idx, n_new, temperature=0),
             "transformers fp32": lambda: theirs.generate(
                 idx, attention_mask=torch.ones_like(idx), do_sample=False, max_new_tokens=n_new,
                 min_new_tokens=n_new, pad_token_id=50256,
             ),
-            "ours bf16": lambda: ours_bf16.generate(idx, n_new, temperature=0),
-            "ours int8 (bf16 act.)": lambda: ours_int8.generate(idx, n_new, temperature=0),
+            "ours bf16": lambda: generate(ours_bf16, idx, n_new, temperature=0),
+            "ours int8 (bf16 act.)": lambda: generate(ours_int8, idx, n_new, temperature=0),
         }
         for name, fn in variants.items():  # warm-up (allocator, oneDNN kernels) and the outputs to compare
             outputs[name] = fn()

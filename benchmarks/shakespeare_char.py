@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 
 from gpt2.data import BatchLoader, load_split
-from gpt2.model import GPT
 from gpt2.train import train
 from gpt2.train.config import TrainConfig
+from gpt2.weights import load_model
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("GPT2_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -36,7 +36,7 @@ PUBLISHED_VAL_LOSS = 1.88
 @torch.no_grad()
 def full_val_loss(out_dir: Path, config: TrainConfig) -> float:
     """Mean loss over every block of the val split (consecutive windows), in float32."""
-    model = GPT.from_pretrained(out_dir)
+    model = load_model(out_dir)
     tokens = load_split(out_dir / "data", "val")
     T = model.config.block_size
     loader = BatchLoader(tokens, 64, T, shuffle=False)

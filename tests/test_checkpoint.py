@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gpt2 import GPT, GPTConfig
-from gpt2.weights import load_llmc, save_pretrained
+from gpt2.weights import load_llmc, load_model, save_pretrained
 
 transformers = pytest.importorskip("transformers")
 
@@ -52,7 +52,7 @@ def assert_same_outputs(ours: GPT, theirs, vocab_size: int, T: int) -> None:
 def test_hf_directory_loads_and_matches_transformers(tmp_path, name, n_layer, n_head, n_embd, block_size, vocab_size):
     theirs = random_hf_model(n_layer, n_head, n_embd, block_size, vocab_size)
     theirs.save_pretrained(tmp_path)
-    ours = GPT.from_pretrained(tmp_path)
+    ours = load_model(tmp_path)
     assert ours.config.n_layer == n_layer and ours.config.block_size == block_size
     assert_same_outputs(ours, theirs, vocab_size, T=min(block_size, 96))
 
@@ -62,7 +62,7 @@ def test_our_save_pretrained_loads_in_transformers_and_matches(tmp_path, name, n
     torch.manual_seed(0)
     ours = GPT(GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, vocab_size=vocab_size))
     ours.eval()
-    ours.save_pretrained(tmp_path)
+    save_pretrained(ours, tmp_path)
     theirs = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
     assert_same_outputs(ours, theirs, vocab_size, T=min(block_size, 96))
 
@@ -70,13 +70,13 @@ def test_our_save_pretrained_loads_in_transformers_and_matches(tmp_path, name, n
 def test_full_context_parity_on_the_odd_config(tmp_path):
     theirs = random_hf_model(3, 3, 48, 77, 517, seed=3)
     theirs.save_pretrained(tmp_path)
-    assert_same_outputs(GPT.from_pretrained(tmp_path), theirs, 517, T=77)
+    assert_same_outputs(load_model(tmp_path), theirs, 517, T=77)
 
 
 def test_bias_free_model_saves_as_zero_biases_transformers_computes_identically(tmp_path):
     torch.manual_seed(0)
     ours = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=50, bias=False)).eval()
-    ours.save_pretrained(tmp_path)
+    save_pretrained(ours, tmp_path)
     theirs = transformers.GPT2LMHeadModel.from_pretrained(tmp_path).eval()
     assert_same_outputs(ours, theirs, 50, T=16)
 
@@ -84,7 +84,7 @@ def test_bias_free_model_saves_as_zero_biases_transformers_computes_identically(
 # ----------------------------------------------------------------------- shared fixtures (no transformers)
 def test_hf_tiny_fixture_reproduces_the_recorded_logits_and_loss(fixtures_dir):
     expected = json.loads((fixtures_dir / "expected.json").read_text())
-    model = GPT.from_pretrained(fixtures_dir / "hf-tiny")
+    model = load_model(fixtures_dir / "hf-tiny")
     idx = torch.tensor(expected["input_ids"])
     with torch.no_grad():
         logits = model(idx).logits
@@ -137,7 +137,7 @@ def test_unprefixed_keys_with_attention_mask_buffers_load_like_the_hub_gpt2_file
     (tmp / "hub").mkdir()
     save_file(hub_style, tmp / "hub" / "model.safetensors")
     (tmp / "hub" / "config.json").write_text((tmp / "ref" / "config.json").read_text())
-    assert same_weights(GPT.from_pretrained(tmp / "hub"), model)
+    assert same_weights(load_model(tmp / "hub"), model)
 
 
 def test_sharded_safetensors_with_index_load(saved_tiny):
@@ -153,7 +153,7 @@ def test_sharded_safetensors_with_index_load(saved_tiny):
         weight_map.update({k: filename for k in keys})
     (shard_dir / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     (shard_dir / "config.json").write_text((tmp / "ref" / "config.json").read_text())
-    assert same_weights(GPT.from_pretrained(shard_dir), model)
+    assert same_weights(load_model(shard_dir), model)
 
 
 def test_pytorch_model_bin_loads_with_weights_only(saved_tiny):
@@ -162,7 +162,7 @@ def test_pytorch_model_bin_loads_with_weights_only(saved_tiny):
     legacy.mkdir()
     torch.save(load_file(tmp / "ref" / "model.safetensors"), legacy / "pytorch_model.bin")
     (legacy / "config.json").write_text((tmp / "ref" / "config.json").read_text())
-    assert same_weights(GPT.from_pretrained(legacy), model)
+    assert same_weights(load_model(legacy), model)
 
 
 class _Payload:
@@ -178,7 +178,7 @@ def test_pickle_payload_in_pytorch_model_bin_is_refused_without_running(saved_ti
     torch.save({"transformer.wte.weight": torch.zeros(40, 16), "x": _Payload()}, evil / "pytorch_model.bin")
     (evil / "config.json").write_text((tmp / "ref" / "config.json").read_text())
     with pytest.raises(ValueError, match="could not be read as plain tensors"):
-        GPT.from_pretrained(evil)
+        load_model(evil)
     assert not (evil / "PWNED").exists()
 
 
@@ -196,28 +196,28 @@ def test_missing_tensor_is_named(saved_tiny):
     _, tmp = saved_tiny
     path = rewrite(tmp, lambda t: t.pop("transformer.h.1.ln_2.weight"))
     with pytest.raises(ValueError, match=r"missing tensors: \['transformer.h.1.ln_2.weight'\]"):
-        GPT.from_pretrained(path)
+        load_model(path)
 
 
 def test_unexpected_tensor_is_named(saved_tiny):
     _, tmp = saved_tiny
     path = rewrite(tmp, lambda t: t.update({"transformer.h.2.ln_1.weight": torch.ones(16)}))
     with pytest.raises(ValueError, match=r"unexpected tensors: \['transformer.h.2.ln_1.weight'\]"):
-        GPT.from_pretrained(path)
+        load_model(path)
 
 
 def test_misshapen_tensor_names_both_shapes(saved_tiny):
     _, tmp = saved_tiny
     path = rewrite(tmp, lambda t: t.update({"transformer.h.0.attn.c_attn.weight": torch.zeros(48, 16)}))
     with pytest.raises(ValueError, match=r"transformer.h.0.attn.c_attn.weight has shape \(48, 16\) in the checkpoint but the config needs \(16, 48\)"):
-        GPT.from_pretrained(path)
+        load_model(path)
 
 
 def test_untied_head_is_refused(saved_tiny):
     _, tmp = saved_tiny
     path = rewrite(tmp, lambda t: t.update({"lm_head.weight": torch.randn(40, 16)}))
     with pytest.raises(ValueError, match="lm_head.weight differs from wte.weight"):
-        GPT.from_pretrained(path)
+        load_model(path)
 
 
 def test_non_gpt2_activation_is_refused(saved_tiny):
@@ -226,18 +226,18 @@ def test_non_gpt2_activation_is_refused(saved_tiny):
     config["activation_function"] = "gelu"
     (tmp / "ref" / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="activation_function 'gelu' is not GPT-2's tanh GELU"):
-        GPT.from_pretrained(tmp / "ref")
+        load_model(tmp / "ref")
 
 
 def test_directory_without_weights_says_what_it_expected(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 10, "n_positions": 8, "n_layer": 1, "n_head": 1, "n_embd": 4}))
     with pytest.raises(FileNotFoundError, match="expected model.safetensors"):
-        GPT.from_pretrained(tmp_path)
+        load_model(tmp_path)
 
 
 def test_config_overrides_apply_on_load(saved_tiny):
     model, tmp = saved_tiny
-    explicit = GPT.from_pretrained(tmp / "ref", attn_impl="explicit", dropout=0.1)
+    explicit = load_model(tmp / "ref", attn_impl="explicit", dropout=0.1)
     assert explicit.config.attn_impl == "explicit" and explicit.config.dropout == 0.1
     assert same_weights(explicit, model)
 
@@ -247,27 +247,27 @@ def test_hub_name_offline_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError, match="'gpt2' is not a local directory and could not be fetched"):
-        GPT.from_pretrained("gpt2")
+        load_model("gpt2")
 
 
 def test_local_path_that_does_not_exist_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        GPT.from_pretrained(tmp_path / "nowhere")
+        load_model(tmp_path / "nowhere")
 
 
 # --------------------------------------------------------------------------- OpenAI TensorFlow release
 def test_openai_tf_checkpoint_reproduces_the_recorded_logits(fixtures_dir):
     expected = json.loads((fixtures_dir / "expected.json").read_text())
-    model = GPT.from_pretrained(fixtures_dir / "openai-tf-tiny")  # hparams.json + model.ckpt.*, no TensorFlow
+    model = load_model(fixtures_dir / "openai-tf-tiny")  # hparams.json + model.ckpt.*, no TensorFlow
     with torch.no_grad():
         logits = model(torch.tensor(expected["input_ids"])).logits
     assert (logits[:, -1] - torch.tensor(expected["logits_last"])).abs().max() <= 1e-5
 
 
 def test_all_three_fixture_formats_hold_identical_weights(fixtures_dir):
-    tf = GPT.from_pretrained(fixtures_dir / "openai-tf-tiny")
-    hf = GPT.from_pretrained(fixtures_dir / "hf-tiny")
-    llmc = GPT.from_pretrained(fixtures_dir / "llmc-tiny" / "model_fp32.bin")
+    tf = load_model(fixtures_dir / "openai-tf-tiny")
+    hf = load_model(fixtures_dir / "hf-tiny")
+    llmc = load_model(fixtures_dir / "llmc-tiny" / "model_fp32.bin")
     assert same_weights(tf, hf) and same_weights(llmc, hf)
 
 
@@ -286,11 +286,11 @@ def test_tf_checkpoint_with_a_missing_data_file_names_it(fixtures_dir, tmp_path)
     for name in ("hparams.json", "checkpoint", "model.ckpt.index"):
         shutil.copy(fixtures_dir / "openai-tf-tiny" / name, tmp_path / name)
     with pytest.raises(FileNotFoundError, match="model.ckpt.data-00000-of-00001 is missing"):
-        GPT.from_pretrained(tmp_path)
+        load_model(tmp_path)
 
 
 def test_truncated_llmc_file_is_refused(fixtures_dir, tmp_path):
     truncated = tmp_path / "model.bin"
     truncated.write_bytes((fixtures_dir / "llmc-tiny" / "model_fp32.bin").read_bytes()[:-100])
     with pytest.raises(ValueError, match="its header describes a 176640-byte checkpoint"):
-        GPT.from_pretrained(truncated)
+        load_model(truncated)

@@ -12,20 +12,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import gpt2.inference.generate as generation
+import gpt2.inference.generation as generation
 from gpt2.cli import main
 from gpt2.config import GPTConfig
-from gpt2.inference.generate import (
-    filter_top_k,
-    filter_top_p,
-    generate,
-    left_pad,
-    sample_next_token,
-    stream,
-    stream_text,
-)
+from gpt2.inference.generation import generate, left_pad, stream, stream_text
+from gpt2.inference.sampling import SamplingParams, filter_top_k, filter_top_p, sample_next_token
 from gpt2.model import GPT
 from gpt2.tokenizer import load_tokenizer
+from gpt2.weights import load_model, save_pretrained
 
 SEED = 1234
 NEG_INF = float("-inf")
@@ -76,7 +70,7 @@ def hf_pair(tmp_path: Path) -> tuple[GPT, object]:
     )
     hf = transformers.GPT2LMHeadModel(config).eval()
     hf.save_pretrained(tmp_path)
-    return GPT.from_pretrained(tmp_path), hf
+    return load_model(tmp_path), hf
 
 
 def test_greedy_64_tokens_match_transformers_batch_1(hf_pair: tuple[GPT, object]) -> None:
@@ -84,7 +78,7 @@ def test_greedy_64_tokens_match_transformers_batch_1(hf_pair: tuple[GPT, object]
     idx = torch.tensor(prompts([7])).long()
     expected = hf.generate(idx, attention_mask=torch.ones_like(idx), do_sample=False, max_new_tokens=64,
                            min_new_tokens=64, pad_token_id=299)
-    assert torch.equal(ours.generate(idx, 64, temperature=0), expected)
+    assert torch.equal(generate(ours, idx, 64, temperature=0), expected)
 
 
 def test_greedy_64_tokens_match_transformers_left_padded_batch_of_3(hf_pair: tuple[GPT, object]) -> None:
@@ -92,7 +86,7 @@ def test_greedy_64_tokens_match_transformers_left_padded_batch_of_3(hf_pair: tup
     idx, mask = left_pad(prompts([3, 11, 6]), pad_token_id=299)
     expected = hf.generate(idx, attention_mask=mask, do_sample=False, max_new_tokens=64, min_new_tokens=64,
                            pad_token_id=299)
-    assert torch.equal(ours.generate(idx, 64, temperature=0, attention_mask=mask), expected)
+    assert torch.equal(generate(ours, idx, 64, temperature=0, attention_mask=mask), expected)
 
 
 # ------------------------------------------------------------------------------- cache == recompute
@@ -367,7 +361,7 @@ def stream_pieces(tokenizer, text: str, prompt: str = "> ") -> tuple[list[str], 
     script = tokenizer.encode(text) + [tokenizer.eot_token]
     config = GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=tokenizer.vocab_size, block_size=128)
     model = ScriptedGPT(config, script, len(tokenizer.encode(prompt))).eval()
-    return list(stream_text(model, tokenizer, prompt, 100, temperature=0)), script
+    return list(stream_text(model, tokenizer, prompt, SamplingParams(max_tokens=100, temperature=0))), script
 
 
 def test_stream_text_never_splits_a_multibyte_character() -> None:
@@ -478,7 +472,7 @@ def saved_model_dir(tmp_path: Path) -> Path:
     from gpt2.tokenizer import ByteTokenizer
 
     directory = tmp_path / "run"
-    random_gpt(vocab_size=ByteTokenizer.vocab_size).save_pretrained(directory)
+    save_pretrained(random_gpt(vocab_size=ByteTokenizer.vocab_size), directory)
     ByteTokenizer().save(directory)
     return directory
 
@@ -487,9 +481,9 @@ def test_sample_cli_streams_what_the_library_generates(saved_model_dir: Path, ca
 
     assert main(["sample", "--model", str(saved_model_dir), "--prompt", "Hi", "--temperature", "0",
                  "--max-new-tokens", "12"]) == 0
-    model = GPT.from_pretrained(saved_model_dir)
+    model = load_model(saved_model_dir)
     tokenizer = load_tokenizer(saved_model_dir)
-    expected = "".join(stream_text(model, tokenizer, "Hi", 12, temperature=0, stop_token_ids=[tokenizer.eot_token]))
+    expected = "".join(stream_text(model, tokenizer, "Hi", SamplingParams(max_tokens=12, temperature=0)))
     assert capsys.readouterr().out == "Hi" + expected + "\n"
 
 

@@ -144,14 +144,14 @@ def test_model_imports_only_config() -> None:
 
 
 def test_the_checks_catch_an_upward_import_and_a_cycle() -> None:
-    graph = {"gpt2.model": {"gpt2.inference.generate"}, "gpt2.inference.generate": {"gpt2.model"}}
-    assert layer_violations(graph) == ["gpt2.model (layer 1) imports gpt2.inference.generate (layer 3)"]
-    assert cycles(graph) == [["gpt2.inference.generate", "gpt2.model"]]
+    graph = {"gpt2.model": {"gpt2.inference.generation"}, "gpt2.inference.generation": {"gpt2.model"}}
+    assert layer_violations(graph) == ["gpt2.model (layer 1) imports gpt2.inference.generation (layer 3)"]
+    assert cycles(graph) == [["gpt2.inference.generation", "gpt2.model"]]
 
 
 def test_a_sideways_import_between_packages_of_one_layer_is_refused() -> None:
-    assert layer_violations({"gpt2.data.core": {"gpt2.inference.generate"}}) == [
-        "gpt2.data.core (layer 3) imports gpt2.inference.generate (layer 3)"
+    assert layer_violations({"gpt2.data.core": {"gpt2.inference.generation"}}) == [
+        "gpt2.data.core (layer 3) imports gpt2.inference.generation (layer 3)"
     ]
 
 

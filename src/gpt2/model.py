@@ -4,7 +4,8 @@ Notation used in tensor comments: B = batch size, T = new positions in this call
 (past + T), C = n_embd, nh = n_head, hs = head size (C // nh), V = vocab_size.
 
 Parameter names are the checkpoint's names (`transformer.wte`, `transformer.h.N.attn.c_attn`, ...), so loading
-a released checkpoint is a copy plus one transpose of the Conv1D weights (in checkpoint.py). Linear layers here
+a released checkpoint is a copy plus one transpose of the Conv1D weights (gpt2.weights). This module imports only
+gpt2.config: loading, saving and generation live in gpt2.weights and gpt2.inference. Linear layers here
 are `nn.Linear` (weight [out, in]); OpenAI's and HF's "Conv1D" store the same matrix as [in, out].
 """
 
@@ -12,16 +13,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from gpt2.config import GPTConfig
-
-if TYPE_CHECKING:
-    from pathlib import Path
 
 IGNORE_INDEX = -100  # targets with this value do not count in the loss (padding)
 INIT_STD = 0.02  # GPT-2's initializer_range
@@ -238,6 +236,7 @@ class GPT(nn.Module):
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
+        validate: bool = True,
     ) -> GPTOutput:
         """Logits for every position, and the mean cross-entropy against `targets` when given.
 
@@ -245,21 +244,12 @@ class GPT(nn.Module):
         must not count. attention_mask: (B, S) with 1 for real tokens and 0 for padding, S = past + T (left-
         padded batches); position ids then default to the count of real tokens before each one, so every row
         starts at position 0 whatever its padding. kv_cache: written at [length, length + T), then advanced.
+        validate=False skips the input checks (they read values back from the device): for callers, such as
+        the decode loop, that validated their inputs once.
         """
-        self._check_inputs(idx, targets, attention_mask, position_ids, kv_cache)
-        return self._forward(idx, targets, attention_mask, position_ids, kv_cache)
-
-    def _forward(
-        self,
-        idx: torch.Tensor,
-        targets: torch.Tensor | None,
-        attention_mask: torch.Tensor | None,
-        position_ids: torch.Tensor | None,
-        kv_cache: KVCache | None,
-        weights_out: list[torch.Tensor] | None = None,
-    ) -> GPTOutput:
-        """forward without input checks: for callers (generation) that have validated their inputs once."""
-        x = self._hidden_states(idx, attention_mask, position_ids, kv_cache, weights_out)
+        if validate:
+            self._check_inputs(idx, targets, attention_mask, position_ids, kv_cache)
+        x = self._hidden_states(idx, attention_mask, position_ids, kv_cache)
         logits = self.lm_head(x)  # (B, T, V)
         loss = None
         if targets is not None:
@@ -274,11 +264,13 @@ class GPT(nn.Module):
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
+        validate: bool = True,
     ) -> torch.Tensor:
         """The final-LayerNorm output (B, T, C) that the LM head turns into logits, with the same input checks
         and options as `forward`. `model.lm_head(h[:, positions])` then gives logits for just those positions,
         which saves most of the (B, T, V) head when only some positions are needed (scoring, prefill)."""
-        self._check_inputs(idx, None, attention_mask, position_ids, kv_cache)
+        if validate:
+            self._check_inputs(idx, None, attention_mask, position_ids, kv_cache)
         return self._hidden_states(idx, attention_mask, position_ids, kv_cache)
 
     def _hidden_states(
@@ -332,7 +324,7 @@ class GPT(nn.Module):
         shape (B, nh, T, T). For inspection; the model's outputs are unchanged by asking."""
         self._check_inputs(idx, None, attention_mask, None, None)
         weights: list[torch.Tensor] = []
-        self._forward(idx, None, attention_mask, None, None, weights_out=weights)
+        self._hidden_states(idx, attention_mask, None, None, weights_out=weights)
         return weights
 
     def _check_inputs(
@@ -406,26 +398,3 @@ class GPT(nn.Module):
         """An empty cache on this model's device, in its parameters' dtype unless told otherwise."""
         weight = self.transformer.wte.weight
         return KVCache.empty(self.config, batch_size, max_len, device=weight.device, dtype=dtype or weight.dtype)
-
-    @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, **options: Any) -> torch.Tensor:
-        """Continue the (B, T) prompts by `max_new_tokens` tokens. See `gpt2.inference.generate.generate` for options."""
-        from gpt2.inference.generate import generate
-
-        return generate(self, idx, max_new_tokens, **options)
-
-    @classmethod
-    def from_pretrained(cls, name_or_path: "str | Path", **config_overrides: Any) -> "GPT":
-        """Load a GPT-2 checkpoint: a HuggingFace-format directory (or a Hub name such as "gpt2" when online),
-        OpenAI's TensorFlow release directory, or an llm.c `.bin` file. `config_overrides` change fields such
-        as dropout or attn_impl."""
-        from gpt2.weights import load_any
-
-        return load_any(name_or_path, **config_overrides)
-
-    def save_pretrained(self, directory: "str | Path") -> None:
-        """Write config.json + model.safetensors in the HuggingFace GPT-2 layout (Conv1D weights [in, out]),
-        loadable by `GPT.from_pretrained` and by `transformers.GPT2LMHeadModel.from_pretrained`."""
-        from gpt2.weights import save_pretrained
-
-        save_pretrained(self, directory)

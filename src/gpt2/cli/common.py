@@ -1,29 +1,42 @@
-"""What several subcommands share: loading a model together with the tokenizer it was trained with."""
+"""What several subcommands share: the sampling flags, built from the one SamplingParams dataclass."""
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 import torch
 
-from gpt2.model import GPT
-from gpt2.tokenizer import load_tokenizer
+from gpt2.api import LLM
+from gpt2.inference.sampling import SamplingParams
 
 
-def load_model_and_tokenizer(model_name: str, tokenizer_name: str | None, device: torch.device) -> tuple[GPT, Any]:
-    """The model (any format `GPT.from_pretrained` reads) on `device`, and its tokenizer: `tokenizer_name` when
-    given, else the one saved beside the model (as `gpt2 train` does) or the Hub repo's own."""
+def load_model_and_tokenizer(model_name: str, tokenizer_name: str | None, device: torch.device) -> tuple[Any, Any]:
+    """The model on `device` and its tokenizer, through the facade (`gpt2.api.LLM.load`)."""
+    llm = LLM.load(model_name, tokenizer=tokenizer_name, device=device)
+    return llm.model, llm.tokenizer
 
-    model = GPT.from_pretrained(model_name).to(device)  # first: a wrong --model is named as such
-    try:
-        tokenizer = load_tokenizer(tokenizer_name or model_name)
-    except FileNotFoundError as err:
-        if tokenizer_name:
-            raise
-        raise FileNotFoundError(f"no tokenizer saved with the model ({err}); pass --tokenizer DIR_OR_NAME") from err
-    if len(tokenizer) > model.config.vocab_size:
-        raise ValueError(
-            f"the tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}; "
-            "pass the tokenizer the model was trained with (--tokenizer)"
-        )
-    return model, tokenizer
+
+def add_sampling_arguments(parser: argparse.ArgumentParser, *, max_tokens: int = 256) -> None:
+    """--max-new-tokens, --temperature, --top-p, --top-k, --stop, --stop-token-id, --seed, -n: one flag per
+    SamplingParams field, with its default; `sampling_params(args)` builds (and so validates) the dataclass."""
+    defaults = SamplingParams()
+    parser.add_argument("--max-new-tokens", "--max-tokens", dest="max_tokens", type=int, default=max_tokens,
+                        help=f"tokens per sample at most (default {max_tokens})")
+    parser.add_argument("--temperature", type=float, default=defaults.temperature, help="0 = greedy (default 1.0)")
+    parser.add_argument("--top-p", type=float, default=defaults.top_p,
+                        help="sample from the nucleus of this probability mass, in (0, 1] (default 1.0: off)")
+    parser.add_argument("--top-k", type=int, default=defaults.top_k, help="sample from the k most likely tokens only")
+    parser.add_argument("--stop", action="append", default=[], help="stop when this text appears (repeatable)")
+    parser.add_argument("--stop-token-id", dest="stop_token_ids", type=int, action="append", default=[],
+                        help="stop a sample at this token id (repeatable; end-of-text always stops)")
+    parser.add_argument("--seed", type=int, default=defaults.seed,
+                        help="make the samples reproducible (sample i uses seed + i)")
+    parser.add_argument("-n", "--num-samples", dest="n", type=int, default=defaults.n, help="samples to draw")
+
+
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    """The SamplingParams the flags of `add_sampling_arguments` describe; a bad value is a ValueError."""
+    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                          top_k=args.top_k, stop=tuple(args.stop), stop_token_ids=tuple(args.stop_token_ids),
+                          seed=args.seed, n=args.n)

@@ -1,5 +1,21 @@
-"""Inference: sampling parameters, generation with a KV cache, CPU inference layouts."""
+"""Inference: the sampling parameters, generation with a KV cache, and the CPU inference layouts."""
 
-from gpt2.inference.layouts import Int8Linear, SplitLinear, optimize_for_inference, quantize_int8
+from gpt2.inference.generation import generate, left_pad, stream, stream_text
+from gpt2.inference.layouts import Int8Linear, SplitLinear, optimize_for_inference, prepare_for_inference, quantize_int8
+from gpt2.inference.sampling import SamplingParams, filter_top_k, filter_top_p, sample_next_token
 
-__all__ = ["Int8Linear", "SplitLinear", "optimize_for_inference", "quantize_int8"]
+__all__ = [
+    "Int8Linear",
+    "SamplingParams",
+    "SplitLinear",
+    "filter_top_k",
+    "filter_top_p",
+    "generate",
+    "left_pad",
+    "optimize_for_inference",
+    "prepare_for_inference",
+    "quantize_int8",
+    "sample_next_token",
+    "stream",
+    "stream_text",
+]

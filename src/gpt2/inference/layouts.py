@@ -17,13 +17,14 @@ In both, the tied LM head gets its own copy in the new layout while `wte` keeps 
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, TypeVar
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 INT8_MAX = 127
+M = TypeVar("M", bound=nn.Module)
 
 
 class Int8Linear(nn.Module):
@@ -125,3 +126,26 @@ def optimize_for_inference(model: nn.Module, *, parts: int | None = None) -> nn.
         return model.eval()
     parts = parts or max(2, 2 * torch.get_num_threads())
     return _replace_linears(model.eval(), lambda linear: SplitLinear.from_linear(linear, parts))
+
+
+PRECISIONS = ("float32", "bfloat16", "float16", "int8")
+"""What `prepare_for_inference` accepts: float32 (split layout on CPU), bfloat16/float16 (weights cast), int8
+(int8 weights, bfloat16 activations)."""
+
+
+def prepare_for_inference(model: M, precision: str = "float32") -> M:
+    """The fastest correct inference form of `model` at `precision` (in place; returns it in eval mode), as
+    `gpt2 sample` and the server use it. float16 on a CPU is refused: it is slow or unsupported there."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    device = next(model.parameters()).device
+    if precision == "float16" and device.type == "cpu":
+        raise ValueError("float16 is slow or unsupported on CPU; use bfloat16 or int8 there")
+    model.eval()
+    if precision == "int8":
+        quantize_int8(model)
+    elif precision == "float32":
+        optimize_for_inference(model)  # same logits; all cores stream the weights
+    else:
+        model.to(torch.bfloat16 if precision == "bfloat16" else torch.float16)
+    return model

@@ -32,8 +32,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Sequence
 
 import torch
-import torch.nn.functional as F
 
+from gpt2.inference.sampling import SamplingParams, sample_next_token
 from gpt2.tokenizer.protocol import TextTokenizer
 
 if TYPE_CHECKING:
@@ -41,9 +41,6 @@ if TYPE_CHECKING:
 
 Truncate = Literal["left"] | None
 DEFAULT_SLIDE_FRACTION = 4  # slide_by defaults to block_size // 4 (see the module docstring for the cost)
-# top-p counts a cumulative mass within this of p as having reached p: probabilities summed in float32 are
-# off by ~1e-7, and a mass of exactly p must not pull in the next token because of it.
-TOP_P_TOLERANCE = 1e-6
 
 
 # ------------------------------------------------------------------------------------------ batching
@@ -73,83 +70,8 @@ def left_pad(
     return idx.to(device), mask.to(device)
 
 
-# ------------------------------------------------------------------------------------------ sampling
-def filter_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
-    """Logits (..., V) with every token below the k-th largest logit set to -inf.
-
-    Ties: tokens equal to the k-th largest value are all kept, so more than k may survive when values tie
-    (which ones would otherwise depend on the sort). top_k >= V keeps everything.
-    """
-    if top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}; use None to disable top-k filtering")
-    if top_k >= logits.size(-1):
-        return logits
-    kth_largest = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (..., 1)
-    return logits.masked_fill(logits < kth_largest, float("-inf"))
-
-
-def filter_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Logits (..., V) restricted to the nucleus: the smallest set of most probable tokens whose probability
-    mass reaches top_p; the rest become -inf.
-
-    Sorted by probability, a token is in the set when the mass of the tokens before it is still below top_p
-    (so the most probable token is always kept). Ties: a token as probable as the least probable member is
-    kept too, so the result does not depend on how the sort orders equal probabilities. top_p == 1 keeps all.
-    """
-    if not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}; use 1.0 (or None) to disable nucleus filtering")
-    if top_p == 1.0:
-        return logits
-    probs = F.softmax(logits.float(), dim=-1)
-    sorted_probs, _ = torch.sort(probs, dim=-1, descending=True)  # (..., V)
-    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    in_nucleus = mass_before < top_p - TOP_P_TOLERANCE
-    in_nucleus[..., 0] = True
-    # the smallest probability inside the nucleus; everything at least that probable stays (ties)
-    threshold = sorted_probs.masked_fill(~in_nucleus, float("inf")).amin(dim=-1, keepdim=True)  # (..., 1)
-    return logits.masked_fill(probs < threshold, float("-inf"))
-
-
-def sample_next_token(
-    logits: torch.Tensor,
-    *,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """One token per row from next-token logits (B, V) -> (B,) long. temperature 0 is greedy (argmax, first
-    index on ties); otherwise softmax(logits / temperature) restricted by top-k then top-p, drawn with
-    `generator` (torch's global generator when None)."""
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
-    if top_k is not None:
-        logits = filter_top_k(logits, top_k)
-    if top_p is not None:
-        logits = filter_top_p(logits, top_p)
-    probs = F.softmax(logits, dim=-1)
-    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
-
-
-def check_sampling_options(
-    *, temperature: float, top_k: int | None, top_p: float | None, seed: int | None, generator: Any
-) -> None:
-    """Refuse out-of-range sampling options before any work, naming the value and the valid range."""
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
-        raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k must be an integer >= 1, got {top_k!r}; use None to disable top-k filtering")
-    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
-        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}; use None (or 1.0) to disable nucleus filtering")
-    if seed is not None and generator is not None:
-        raise ValueError("pass either seed or generator, not both (a seed makes a fresh generator)")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise ValueError(f"seed must be an integer, got {seed!r}")
-
-
 # ------------------------------------------------------------------------------------------ decoding
-def generate(model: "GPT", idx: torch.Tensor, max_new_tokens: int, **options: Any) -> torch.Tensor:
+def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, **options: Any) -> torch.Tensor:
     """Continue each row of `idx` (B, T) by up to `max_new_tokens` tokens; returns (B, T + steps).
 
     steps is max_new_tokens, or fewer when every row has stopped earlier. Options are those of `stream`.
@@ -163,14 +85,14 @@ def generate(model: "GPT", idx: torch.Tensor, max_new_tokens: int, **options: An
     return torch.cat([prompt.long(), torch.stack(steps, dim=1)], dim=1)
 
 
-def _truncated_prompt(model: "GPT", idx: torch.Tensor, truncate: Truncate) -> torch.Tensor:
+def _truncated_prompt(model: GPT, idx: torch.Tensor, truncate: Truncate) -> torch.Tensor:
     block_size = model.config.block_size
     return idx[:, -block_size:] if truncate == "left" and idx.size(1) > block_size else idx
 
 
 @torch.no_grad()
 def stream(
-    model: "GPT",
+    model: GPT,
     idx: torch.Tensor,
     max_new_tokens: int,
     *,
@@ -203,10 +125,13 @@ def stream(
     Call `model.eval()` first: dropout in training mode would make the samples noisy.
     """
     config = model.config
-    check_sampling_options(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, generator=generator)
-    _check_prompt(model, idx, attention_mask, truncate)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    # The sampling options are validated where they are defined: SamplingParams.
+    SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p or 1.0, seed=seed)
+    if seed is not None and generator is not None:
+        raise ValueError("pass either seed or generator, not both (a seed makes a fresh generator)")
+    _check_prompt(model, idx, attention_mask, truncate)
     slide_by = config.block_size // DEFAULT_SLIDE_FRACTION if slide_by is None else slide_by
     if isinstance(slide_by, bool) or not isinstance(slide_by, int) or not 0 <= slide_by < config.block_size:
         raise ValueError(f"slide_by must be an integer in [0, block_size={config.block_size}), got {slide_by!r}")
@@ -247,9 +172,9 @@ def stream(
     finished = torch.zeros(B, dtype=torch.bool, device=device)
 
     cache = model.new_kv_cache(B, max_len=min(config.block_size, T + max_new_tokens))
-    decode_step: Callable[..., Any] = model._forward
+    decode_step: Callable[..., Any] = model.forward
     if compile:
-        decode_step = torch.compile(model._forward, dynamic=True)
+        decode_step = torch.compile(model.forward, dynamic=True)
 
     # prefill: the whole prompt (at most block_size columns) in one pass
     logits = _prefill(model, tokens, mask, start=0, end=T, cache=cache)
@@ -282,22 +207,24 @@ def stream(
             continue
         # decode: feed the token just drawn at the next position; (B, 1, V) -> last logits (B, V)
         step_mask = mask[:, window_start:n] if mask is not None else None
-        logits = decode_step(tokens[:, n - 1 : n], None, step_mask, positions, cache).logits[:, -1]
+        logits = decode_step(
+            tokens[:, n - 1 : n], attention_mask=step_mask, position_ids=positions, kv_cache=cache, validate=False
+        ).logits[:, -1]
         if positions is not None:
             positions = positions + 1
 
 
 def _prefill(
-    model: "GPT", tokens: torch.Tensor, mask: torch.Tensor | None, *, start: int, end: int, cache: "KVCache"
+    model: GPT, tokens: torch.Tensor, mask: torch.Tensor | None, *, start: int, end: int, cache: KVCache
 ) -> torch.Tensor:
     """Run columns [start, end) through the model into an empty cache; the last column's logits (B, V).
     Position ids come from the window's mask (each row's first real token at position 0) or count from 0."""
     window_mask = mask[:, start:end] if mask is not None else None
-    hidden = model._hidden_states(tokens[:, start:end], window_mask, None, cache)  # (B, T, C)
+    hidden = model.hidden_states(tokens[:, start:end], attention_mask=window_mask, kv_cache=cache, validate=False)
     return model.lm_head(hidden[:, -1])  # only the last position's logits are needed: (B, V)
 
 
-def _check_prompt(model: "GPT", idx: Any, attention_mask: Any, truncate: Truncate) -> None:
+def _check_prompt(model: GPT, idx: Any, attention_mask: Any, truncate: Truncate) -> None:
     """Validate the prompt batch once, so the decode loop can call the model without per-step checks."""
     config = model.config
     if truncate not in (None, "left"):
@@ -326,7 +253,7 @@ def _check_prompt(model: "GPT", idx: Any, attention_mask: Any, truncate: Truncat
     if not bool(attention_mask[:, -1].all()) or bool((attention_mask[:, 1:] < attention_mask[:, :-1]).any()):
         raise ValueError(
             "attention_mask must describe left padding (0s then 1s in every row, last column 1): generation "
-            "continues after the last column; build the batch with gpt2.inference.generate.left_pad"
+            "continues after the last column; build the batch with gpt2.inference.generation.left_pad"
         )
 
 
@@ -340,38 +267,73 @@ def _check_token_ids(name: str, ids: Iterable[int] | None, vocab_size: int) -> l
 
 # ------------------------------------------------------------------------------------------ text
 def stream_text(
-    model: "GPT",
+    model: GPT,
     tokenizer: TextTokenizer,
     prompt: str,
-    max_new_tokens: int,
-    **options: Any,
+    params: SamplingParams,
+    **engine_options: Any,
 ) -> Iterator[str]:
-    """Yield the continuation of `prompt` as text pieces while it is generated.
+    """Yield the continuation of `prompt` as text pieces while it is generated, as `params` says.
 
-    Pieces go through the tokenizer's streaming decoder, which holds back the bytes of a character split
-    over several tokens, so no piece ends in half a character; their concatenation equals
-    `tokenizer.decode(new_tokens)` without the stop token. Stops at end-of-text unless `stop_token_ids` says
-    otherwise; never draws an id the tokenizer does not have (a padded vocabulary). Other options are those of
-    `stream`.
+    Pieces go through the tokenizer's streaming decoder, which holds back the bytes of a character split over
+    several tokens, so no piece ends in half a character. The continuation ends at end-of-text, at one of
+    `params.stop_token_ids`, at one of the `params.stop` texts (which is not returned: text that could be the
+    start of a stop text is held back until it is known not to be), or after `params.max_tokens` tokens.
+    Without stops, the concatenated pieces equal `tokenizer.decode(new_tokens)`. Never draws an id the tokenizer
+    does not have (a padded vocabulary). `engine_options` go to `stream` (truncate, slide_by, compile, ...).
 
-    >>> for piece in stream_text(model, tok, "Once upon a time", 50, top_k=40):   # doctest: +SKIP
+    >>> params = SamplingParams(max_tokens=50, top_k=40, stop=["\\n\\n"])
+    >>> for piece in stream_text(model, tok, "Once upon a time", params):   # doctest: +SKIP
     ...     print(piece, end="", flush=True)
     """
     ids = tokenizer.encode(prompt)
     if not ids:
         raise ValueError("the prompt encodes to no tokens; pass some text (or use the end-of-text token as a start)")
-    options.setdefault("stop_token_ids", [tokenizer.eot_token])
-    options.setdefault("vocab_limit", len(tokenizer))
-    stop_ids = set(options["stop_token_ids"] or ())
+    stop_ids = [token for token in (tokenizer.eot_token, *params.stop_token_ids) if token < model.config.vocab_size]
     device = model.transformer.wte.weight.device
+    tokens = stream(
+        model,
+        torch.tensor([ids], device=device),
+        params.max_tokens,
+        temperature=params.temperature,
+        top_k=params.top_k,
+        top_p=params.top_p,
+        seed=params.seed,
+        stop_token_ids=stop_ids,
+        vocab_limit=len(tokenizer),
+        **engine_options,
+    )
     decoder = tokenizer.stream_decoder()
-    for token in stream(model, torch.tensor([ids], device=device), max_new_tokens, **options):
+    held = ""  # decoded text not yet yielded: it might be the start of a stop text
+    longest_stop = max((len(text) for text in params.stop), default=0)
+    for token in tokens:
         token_id = int(token[0])
         if token_id in stop_ids:
             break
-        piece = decoder.push(token_id)
-        if piece:
-            yield piece
-    rest = decoder.flush()
+        held += decoder.push(token_id)
+        if not params.stop:
+            if held:
+                yield held
+            held = ""
+            continue
+        cut = _first_stop(held, params.stop)
+        if cut is not None:
+            if held[:cut]:
+                yield held[:cut]
+            return
+        # everything but the last (longest stop - 1) characters can no longer become part of a stop text
+        safe = max(0, len(held) - (longest_stop - 1))
+        if safe:
+            yield held[:safe]
+            held = held[safe:]
+    held += decoder.flush()
+    cut = _first_stop(held, params.stop)
+    rest = held if cut is None else held[:cut]
     if rest:
         yield rest
+
+
+def _first_stop(text: str, stops: Sequence[str]) -> int | None:
+    """Where the earliest stop text starts in `text`, or None."""
+    found = [position for position in (text.find(stop) for stop in stops) if position >= 0]
+    return min(found) if found else None
