@@ -294,3 +294,51 @@ def test_truncated_llmc_file_is_refused(fixtures_dir, tmp_path):
     truncated.write_bytes((fixtures_dir / "llmc-tiny" / "model_fp32.bin").read_bytes()[:-100])
     with pytest.raises(ValueError, match="its header describes a 176640-byte checkpoint"):
         load_model(truncated)
+
+
+# --------------------------------------------------------------------------- bad files, one line each
+def test_truncated_safetensors_is_one_line_naming_the_file(saved_tiny, tmp_path):
+    _, tmp = saved_tiny
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((tmp / "ref" / "config.json").read_text())
+    (broken / "model.safetensors").write_bytes((tmp / "ref" / "model.safetensors").read_bytes()[:300])
+    with pytest.raises(ValueError, match="model.safetensors is not a readable safetensors file") as caught:
+        load_model(broken)
+    assert "\n" not in str(caught.value)
+
+
+def test_garbage_safetensors_is_refused_as_corrupt(saved_tiny, tmp_path):
+    _, tmp = saved_tiny
+    (tmp_path / "config.json").write_text((tmp / "ref" / "config.json").read_text())
+    (tmp_path / "model.safetensors").write_bytes(b"\xff" * 64)
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        load_model(tmp_path)
+
+
+def test_config_of_another_architecture_names_the_file(saved_tiny, tmp_path):
+    _, tmp = saved_tiny
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 10}))
+    with pytest.raises(ValueError, match=r"config.json: config.json has model_type 'llama'; only 'gpt2'"):
+        load_model(tmp_path)
+
+
+def test_empty_directory_says_it_is_empty_and_what_was_expected(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"is not a GPT-2 checkpoint \(it is empty\): expected a HF-format"):
+        load_model(tmp_path)
+
+
+def test_every_format_builds_on_the_meta_device_without_a_random_init(fixtures_dir, monkeypatch):
+    """GPT-2's init (which would cost seconds at 1.5B) only ever runs on meta tensors before a load's copy."""
+    initialised_on = []
+    real = GPT.reset_parameters
+
+    def recording(self):
+        initialised_on.append(self.transformer.wte.weight.device.type)
+        real(self)
+
+    monkeypatch.setattr(GPT, "reset_parameters", recording)
+    load_model(fixtures_dir / "hf-tiny")
+    load_model(fixtures_dir / "llmc-tiny" / "model_fp32.bin")
+    load_model(fixtures_dir / "openai-tf-tiny")
+    assert initialised_on == ["meta", "meta", "meta"]
