@@ -23,8 +23,8 @@ import json
 import math
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -55,7 +55,9 @@ def decode_step_seconds(model: GPT, batch_size: int, context: int, steps: int = 
     """Seconds of one cached decode step at `context` positions (no prefill, no sampling): the part of
     generation that reads every weight once per token."""
     cache = model.new_kv_cache(batch_size, max_len=context + steps + 4)
-    prompt = torch.randint(0, model.config.vocab_size, (batch_size, context), generator=torch.Generator().manual_seed(SEED))
+    prompt = torch.randint(
+        0, model.config.vocab_size, (batch_size, context), generator=torch.Generator().manual_seed(SEED)
+    )
     model._forward(prompt, None, None, None, cache)
     token = prompt[:, -1:]
     for _ in range(3):
@@ -94,7 +96,6 @@ def bytes_per_step(model: torch.nn.Module, batch_size: int, context: int) -> int
 def evaluation_tokens(count: int, vocab_size: int) -> tuple[torch.Tensor, str]:
     text_path, bpe_dir = SHARED_DATA / "corpora" / "tinyshakespeare.txt", SHARED_DATA / "gpt2-bpe"
     if text_path.is_file() and bpe_dir.is_dir():
-
         ids = load_tokenizer(bpe_dir).encode(text_path.read_text()[:20000])[:count]
         return torch.tensor([ids]), "tinyshakespeare (GPT-2 BPE)"
     return torch.randint(0, vocab_size, (1, count), generator=torch.Generator().manual_seed(SEED)), "random tokens"
@@ -154,17 +155,23 @@ def main() -> None:
     results: dict = {"threads": args.threads, "bandwidth GB/s": [], "runs": {}}
     print(f"threads={args.threads} prompt={n_prompt} new={n_new}")
     for batch_size in args.batch_sizes:
-        idx = torch.randint(0, ours.config.vocab_size, (batch_size, n_prompt), generator=torch.Generator().manual_seed(SEED))
+        idx = torch.randint(
+            0, ours.config.vocab_size, (batch_size, n_prompt), generator=torch.Generator().manual_seed(SEED)
+        )
         outputs: dict[str, torch.Tensor] = {}
         variants: dict[str, Callable[[], torch.Tensor]] = {
-            "ours fp32": lambda: generate(ours_split, idx, n_new, temperature=0),
-            "ours fp32 (plain nn.Linear)": lambda: generate(ours, idx, n_new, temperature=0),
-            "transformers fp32": lambda: theirs.generate(
-                idx, attention_mask=torch.ones_like(idx), do_sample=False, max_new_tokens=n_new,
-                min_new_tokens=n_new, pad_token_id=50256,
+            "ours fp32": lambda idx=idx: generate(ours_split, idx, n_new, temperature=0),
+            "ours fp32 (plain nn.Linear)": lambda idx=idx: generate(ours, idx, n_new, temperature=0),
+            "transformers fp32": lambda idx=idx: theirs.generate(
+                idx,
+                attention_mask=torch.ones_like(idx),
+                do_sample=False,
+                max_new_tokens=n_new,
+                min_new_tokens=n_new,
+                pad_token_id=50256,
             ),
-            "ours bf16": lambda: generate(ours_bf16, idx, n_new, temperature=0),
-            "ours int8 (bf16 act.)": lambda: generate(ours_int8, idx, n_new, temperature=0),
+            "ours bf16": lambda idx=idx: generate(ours_bf16, idx, n_new, temperature=0),
+            "ours int8 (bf16 act.)": lambda idx=idx: generate(ours_int8, idx, n_new, temperature=0),
         }
         for name, fn in variants.items():  # warm-up (allocator, oneDNN kernels) and the outputs to compare
             outputs[name] = fn()
@@ -181,20 +188,27 @@ def main() -> None:
 
     bandwidth = sorted(results["bandwidth GB/s"])[len(results["bandwidth GB/s"]) // 2] * 1e9
     models = {"ours fp32": ours_split, "ours bf16": ours_bf16, "ours int8 (bf16 act.)": ours_int8}
-    print(f"\nread bandwidth (median): {bandwidth / 1e9:.1f} GB/s; all: "
-          f"{', '.join(f'{b:.1f}' for b in results['bandwidth GB/s'])}")
-    print("\n| batch | variant | tokens/s (runs) | vs transformers fp32 (per repeat) | MB read/step | limit tokens/s | of limit |")
+    print(
+        f"\nread bandwidth (median): {bandwidth / 1e9:.1f} GB/s; all: "
+        f"{', '.join(f'{b:.1f}' for b in results['bandwidth GB/s'])}"
+    )
+    print(
+        "\n| batch | variant | tokens/s (runs) | vs transformers fp32 (per repeat) | MB read/step | limit tokens/s "
+        "| of limit |"
+    )
     print("|---|---|---|---|---|---|---|")
     for batch_key, runs in results["runs"].items():
         batch_size = int(batch_key[2:])
         for name, values in runs.items():
-            ratios = [v / t for v, t in zip(values, runs["transformers fp32"])]
+            ratios = [v / t for v, t in zip(values, runs["transformers fp32"], strict=False)]
             model = models.get(name, ours)
             step_bytes = bytes_per_step(model, batch_size, context)
             limit = batch_size * bandwidth / step_bytes
-            print(f"| {batch_size} | {name} | {' / '.join(f'{v:.1f}' for v in values)} | "
-                  f"{' / '.join(f'{r:.2f}x' for r in ratios)} | {step_bytes / 1e6:.0f} | {limit:.1f} | "
-                  f"{max(values) / limit:.0%} |")
+            print(
+                f"| {batch_size} | {name} | {' / '.join(f'{v:.1f}' for v in values)} | "
+                f"{' / '.join(f'{r:.2f}x' for r in ratios)} | {step_bytes / 1e6:.0f} | {limit:.1f} | "
+                f"{max(values) / limit:.0%} |"
+            )
     print(f"\ngreedy output identical to transformers: {results['greedy identical to transformers']}")
 
     print("\ndecode step alone (cached, no prefill or sampling), at the mean context length:")
@@ -205,8 +219,10 @@ def main() -> None:
             seconds = decode_step_seconds(model, batch_size, context)
             achieved = bytes_per_step(model, batch_size, context) / seconds
             results.setdefault("decode step ms", {})[f"B={batch_size} {name}"] = seconds * 1e3
-            print(f"| {batch_size} | {name} | {seconds * 1e3:.1f} | {batch_size / seconds:.1f} | "
-                  f"{achieved / 1e9:.1f} | {achieved / bandwidth:.0%} |")
+            print(
+                f"| {batch_size} | {name} | {seconds * 1e3:.1f} | {batch_size / seconds:.1f} | "
+                f"{achieved / 1e9:.1f} | {achieved / bandwidth:.0%} |"
+            )
 
     if not args.skip_precision:
         tokens, source = evaluation_tokens(args.eval_tokens, ours.config.vocab_size)

@@ -37,8 +37,16 @@ def child(impl: str, args: argparse.Namespace) -> dict:
         from gpt2 import GPTConfig
 
         c = GPTConfig.from_name(args.preset)
-        hf_config = GPT2Config(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, n_positions=c.block_size,
-                               vocab_size=c.vocab_size, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        hf_config = GPT2Config(
+            n_layer=c.n_layer,
+            n_head=c.n_head,
+            n_embd=c.n_embd,
+            n_positions=c.block_size,
+            vocab_size=c.vocab_size,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
         model = GPT2LMHeadModel(hf_config).to(device)
         # HF shifts labels itself: give it the T+1 window so both see T predictions per row.
         step_loss = lambda x, y: model(torch.cat([x, y[:, -1:]], 1)[:, :-1], labels=x).loss  # noqa: E731
@@ -95,16 +103,22 @@ def main() -> None:
     passthrough = [a for a in sys.argv[1:]]
     for _ in range(args.repeats):
         for impl in ("ours", "hf"):
-            out = subprocess.run([sys.executable, __file__, *passthrough, "--child", impl],
-                                 check=True, capture_output=True, text=True)
+            out = subprocess.run(
+                [sys.executable, __file__, *passthrough, "--child", impl], check=True, capture_output=True, text=True
+            )
             results[impl].append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(json.dumps(results[impl][-1]), flush=True)
-    summary = {impl: {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "impl"} for impl, rs in results.items()}
+    summary = {
+        impl: {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "impl"} for impl, rs in results.items()
+    }
     ratio = summary["ours"]["tokens_per_s"] / summary["hf"]["tokens_per_s"]
     print(f"\n{args.preset} batch {args.batch}x{args.seq} {args.device} {args.dtype}, median of {args.repeats}:")
     for impl, s in summary.items():
-        print(f"  {impl:5s} {s['tokens_per_s']:9.1f} tokens/s  step {s['step_s']:.3f} s  peak RSS {s['peak_rss_gib']:.2f} GiB"
-              + (f"  peak CUDA {s['peak_cuda_gib']:.2f} GiB" if "peak_cuda_gib" in s else ""))
+        print(
+            f"  {impl:5s} {s['tokens_per_s']:9.1f} tokens/s  step {s['step_s']:.3f} s"
+            f"  peak RSS {s['peak_rss_gib']:.2f} GiB"
+            + (f"  peak CUDA {s['peak_cuda_gib']:.2f} GiB" if "peak_cuda_gib" in s else "")
+        )
     print(f"  speed ratio ours/transformers: {ratio:.2f}x")
 
 

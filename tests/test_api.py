@@ -155,6 +155,23 @@ def test_sample_stops_at_a_stop_text(run_dir: Path, capsys: pytest.CaptureFixtur
     llm = LLM.load(run_dir, device="cpu")
     full = llm.generate("ab", SamplingParams(max_tokens=20, temperature=0))[0]
     stop = full[4:6]
-    assert main(["sample", "--model", str(run_dir), "--prompt", "ab", "--temperature", "0", "--max-new-tokens",
-                 "20", "--stop", stop, "--no-echo"]) == 0
+    assert (
+        main(
+            [
+                "sample",
+                "--model",
+                str(run_dir),
+                "--prompt",
+                "ab",
+                "--temperature",
+                "0",
+                "--max-new-tokens",
+                "20",
+                "--stop",
+                stop,
+                "--no-echo",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out == full[: full.index(stop)] + "\n"

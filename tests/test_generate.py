@@ -65,8 +65,15 @@ def hf_pair(tmp_path: Path) -> tuple[GPT, object]:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(SEED)
     config = transformers.GPT2Config(
-        vocab_size=300, n_positions=128, n_embd=32, n_layer=2, n_head=4, initializer_range=0.1,
-        bos_token_id=299, eos_token_id=299, pad_token_id=299,
+        vocab_size=300,
+        n_positions=128,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        initializer_range=0.1,
+        bos_token_id=299,
+        eos_token_id=299,
+        pad_token_id=299,
     )
     hf = transformers.GPT2LMHeadModel(config).eval()
     hf.save_pretrained(tmp_path)
@@ -76,16 +83,23 @@ def hf_pair(tmp_path: Path) -> tuple[GPT, object]:
 def test_greedy_64_tokens_match_transformers_batch_1(hf_pair: tuple[GPT, object]) -> None:
     ours, hf = hf_pair
     idx = torch.tensor(prompts([7])).long()
-    expected = hf.generate(idx, attention_mask=torch.ones_like(idx), do_sample=False, max_new_tokens=64,
-                           min_new_tokens=64, pad_token_id=299)
+    expected = hf.generate(
+        idx,
+        attention_mask=torch.ones_like(idx),
+        do_sample=False,
+        max_new_tokens=64,
+        min_new_tokens=64,
+        pad_token_id=299,
+    )
     assert torch.equal(generate(ours, idx, 64, temperature=0), expected)
 
 
 def test_greedy_64_tokens_match_transformers_left_padded_batch_of_3(hf_pair: tuple[GPT, object]) -> None:
     ours, hf = hf_pair
     idx, mask = left_pad(prompts([3, 11, 6]), pad_token_id=299)
-    expected = hf.generate(idx, attention_mask=mask, do_sample=False, max_new_tokens=64, min_new_tokens=64,
-                           pad_token_id=299)
+    expected = hf.generate(
+        idx, attention_mask=mask, do_sample=False, max_new_tokens=64, min_new_tokens=64, pad_token_id=299
+    )
     assert torch.equal(generate(ours, idx, 64, temperature=0, attention_mask=mask), expected)
 
 
@@ -479,8 +493,22 @@ def saved_model_dir(tmp_path: Path) -> Path:
 
 def test_sample_cli_streams_what_the_library_generates(saved_model_dir: Path, capsys: pytest.CaptureFixture) -> None:
 
-    assert main(["sample", "--model", str(saved_model_dir), "--prompt", "Hi", "--temperature", "0",
-                 "--max-new-tokens", "12"]) == 0
+    assert (
+        main(
+            [
+                "sample",
+                "--model",
+                str(saved_model_dir),
+                "--prompt",
+                "Hi",
+                "--temperature",
+                "0",
+                "--max-new-tokens",
+                "12",
+            ]
+        )
+        == 0
+    )
     model = load_model(saved_model_dir)
     tokenizer = load_tokenizer(saved_model_dir)
     expected = "".join(stream_text(model, tokenizer, "Hi", SamplingParams(max_tokens=12, temperature=0)))
@@ -490,8 +518,20 @@ def test_sample_cli_streams_what_the_library_generates(saved_model_dir: Path, ca
 def test_sample_cli_reads_the_prompt_from_stdin_and_repeats_with_a_seed(
     saved_model_dir: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    arguments = ["sample", "--model", str(saved_model_dir), "-n", "2", "--seed", "3", "--top-k", "20",
-                 "--max-new-tokens", "10", "--no-echo"]
+    arguments = [
+        "sample",
+        "--model",
+        str(saved_model_dir),
+        "-n",
+        "2",
+        "--seed",
+        "3",
+        "--top-k",
+        "20",
+        "--max-new-tokens",
+        "10",
+        "--no-echo",
+    ]
     outputs = []
     for _ in range(2):
         monkeypatch.setattr(sys, "stdin", io.StringIO("Once"))
@@ -507,22 +547,48 @@ def test_sample_cli_on_a_hf_directory_with_a_separate_tokenizer(
     from gpt2.tokenizer import ByteTokenizer
 
     ByteTokenizer().save(tmp_path / "tok")
-    code = main(["sample", "--model", str(fixtures_dir / "hf-tiny"), "--tokenizer", str(tmp_path / "tok"),
-                 "--prompt", "abc", "--max-new-tokens", "5", "--seed", "0", "--dtype", "bfloat16"])
+    code = main(
+        [
+            "sample",
+            "--model",
+            str(fixtures_dir / "hf-tiny"),
+            "--tokenizer",
+            str(tmp_path / "tok"),
+            "--prompt",
+            "abc",
+            "--max-new-tokens",
+            "5",
+            "--seed",
+            "0",
+            "--dtype",
+            "bfloat16",
+        ]
+    )
     assert code == 0
     assert capsys.readouterr().out.startswith("abc")
 
 
 def test_sample_cli_with_int8_weights(saved_model_dir: Path, capsys: pytest.CaptureFixture) -> None:
-    code = main(["sample", "--model", str(saved_model_dir), "--prompt", "abc", "--max-new-tokens", "5",
-                 "--temperature", "0", "--dtype", "int8"])
+    code = main(
+        [
+            "sample",
+            "--model",
+            str(saved_model_dir),
+            "--prompt",
+            "abc",
+            "--max-new-tokens",
+            "5",
+            "--temperature",
+            "0",
+            "--dtype",
+            "int8",
+        ]
+    )
     assert code == 0
     assert capsys.readouterr().out.startswith("abc")
 
 
-def test_sample_cli_without_a_tokenizer_says_how_to_give_one(
-    fixtures_dir: Path, capsys: pytest.CaptureFixture
-) -> None:
+def test_sample_cli_without_a_tokenizer_says_how_to_give_one(fixtures_dir: Path, capsys: pytest.CaptureFixture) -> None:
     code = main(["sample", "--model", str(fixtures_dir / "hf-tiny"), "--prompt", "abc"])
     error = capsys.readouterr().err
     assert code == 2

@@ -50,8 +50,10 @@ def imported_modules(path: Path, known: set[str]) -> set[str]:
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             # `from gpt2.x import y` imports the module gpt2.x.y when y is one, else a name of gpt2.x
-            names = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in known else node.module
-                     for alias in node.names]
+            names = [
+                f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in known else node.module
+                for alias in node.names
+            ]
         else:
             continue
         found.update(name for name in names if name in known)
@@ -60,8 +62,12 @@ def imported_modules(path: Path, known: set[str]) -> set[str]:
 
 def owner(module: str) -> tuple[int, str]:
     """(layer index, the layer entry that owns `module`): the longest matching prefix wins."""
-    matches = [(len(entry), index, entry) for index, layer in enumerate(LAYERS) for entry in layer
-               if module == entry or module.startswith(entry + ".")]
+    matches = [
+        (len(entry), index, entry)
+        for index, layer in enumerate(LAYERS)
+        for entry in layer
+        if module == entry or module.startswith(entry + ".")
+    ]
     if not matches:
         raise AssertionError(f"{module} belongs to no layer; add it to LAYERS here and to docs/architecture.md")
     _, index, entry = max(matches)
@@ -83,8 +89,9 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
                 problems.append(f"{module} imports the top-level package gpt2 (import from the owning module)")
                 continue
             target_layer, target_entry = owner(target)
-            same_package = target_entry == entry or target.startswith(entry + ".") or module.startswith(
-                target_entry + ".")
+            same_package = (
+                target_entry == entry or target.startswith(entry + ".") or module.startswith(target_entry + ".")
+            )
             if target_layer > layer or (target_layer == layer and not same_package):
                 problems.append(f"{module} (layer {layer}) imports {target} (layer {target_layer})")
     return problems

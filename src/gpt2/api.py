@@ -70,7 +70,7 @@ class LLM:
     def save(self, directory: str | os.PathLike[str]) -> Path:
         """The model in HF format with its tokenizer beside it: what `LLM.load` and transformers read."""
         save_pretrained(self.model, directory)
-        return self.tokenizer.save(directory)
+        return self.tokenizer.save(Path(directory))
 
 
 def _tokenizer_for(model: str | os.PathLike[str], tokenizer: str | os.PathLike[str] | None) -> TextTokenizer:

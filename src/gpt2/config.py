@@ -51,8 +51,7 @@ class GPTConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.n_embd % self.n_head != 0:
             raise ValueError(
-                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}): "
-                "pick n_embd = n_head * head_dim"
+                f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}): pick n_embd = n_head * head_dim"
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
@@ -66,13 +65,13 @@ class GPTConfig:
         return self.n_embd // self.n_head
 
     @classmethod
-    def from_name(cls, name: str, **overrides: Any) -> "GPTConfig":
+    def from_name(cls, name: str, **overrides: Any) -> GPTConfig:
         """A preset by name, with optional field overrides: `GPTConfig.from_name("gpt2", dropout=0.1)`."""
         if name not in PRESETS:
             raise ValueError(f"unknown model preset {name!r}; choose one of: {', '.join(PRESETS)}")
         return dataclasses.replace(PRESETS[name], **overrides)
 
-    def replace(self, **changes: Any) -> "GPTConfig":
+    def replace(self, **changes: Any) -> GPTConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
@@ -80,7 +79,7 @@ class GPTConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "GPTConfig":
+    def from_dict(cls, values: dict[str, Any]) -> GPTConfig:
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - fields)
         if unknown:

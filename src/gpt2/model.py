@@ -53,7 +53,7 @@ class KVCache:
         *,
         device: torch.device | None = None,
         dtype: torch.dtype = torch.float32,
-    ) -> "KVCache":
+    ) -> KVCache:
         max_len = config.block_size if max_len is None else max_len
         if not 0 < max_len <= config.block_size:
             raise ValueError(f"max_len must be in [1, block_size={config.block_size}], got {max_len}")
@@ -176,6 +176,19 @@ class Block(nn.Module):
         return x
 
 
+class Transformer(nn.Module):
+    """The checkpoint's `transformer.*` modules: embeddings, the blocks, the final LayerNorm. A plain container
+    (GPT.forward runs them), so the parameter names are the checkpoint's and each attribute has a type."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)  # token embeddings (V, C)
+        self.wpe = nn.Embedding(config.block_size, config.n_embd)  # learned positions (block_size, C)
+        self.drop = nn.Dropout(config.dropout)
+        self.h = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
+        self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
+
+
 class GPT(nn.Module):
     """The GPT-2 language model: token ids (B, T) -> next-token logits (B, T, V).
 
@@ -188,15 +201,7 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
-        self.transformer = nn.ModuleDict(
-            dict(
-                wte=nn.Embedding(config.vocab_size, config.n_embd),  # token embeddings (V, C)
-                wpe=nn.Embedding(config.block_size, config.n_embd),  # learned positions (block_size, C)
-                drop=nn.Dropout(config.dropout),
-                h=nn.ModuleList([Block(config) for _ in range(config.n_layer)]),
-                ln_f=nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias),
-            )
-        )
+        self.transformer = Transformer(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied: one (V, C) matrix embeds and un-embeds
         self.reset_parameters()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 # module names under gpt2.cli, in the order they appear in `gpt2 --help`
 SUBCOMMAND_MODULES = ("train", "prepare", "sample", "tokenizer", "eval", "inspect", "export")

@@ -21,22 +21,46 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, *, max_tokens: int =
     """--max-new-tokens, --temperature, --top-p, --top-k, --stop, --stop-token-id, --seed, -n: one flag per
     SamplingParams field, with its default; `sampling_params(args)` builds (and so validates) the dataclass."""
     defaults = SamplingParams()
-    parser.add_argument("--max-new-tokens", "--max-tokens", dest="max_tokens", type=int, default=max_tokens,
-                        help=f"tokens per sample at most (default {max_tokens})")
+    parser.add_argument(
+        "--max-new-tokens",
+        "--max-tokens",
+        dest="max_tokens",
+        type=int,
+        default=max_tokens,
+        help=f"tokens per sample at most (default {max_tokens})",
+    )
     parser.add_argument("--temperature", type=float, default=defaults.temperature, help="0 = greedy (default 1.0)")
-    parser.add_argument("--top-p", type=float, default=defaults.top_p,
-                        help="sample from the nucleus of this probability mass, in (0, 1] (default 1.0: off)")
+    parser.add_argument(
+        "--top-p",
+        type=float,
+        default=defaults.top_p,
+        help="sample from the nucleus of this probability mass, in (0, 1] (default 1.0: off)",
+    )
     parser.add_argument("--top-k", type=int, default=defaults.top_k, help="sample from the k most likely tokens only")
     parser.add_argument("--stop", action="append", default=[], help="stop when this text appears (repeatable)")
-    parser.add_argument("--stop-token-id", dest="stop_token_ids", type=int, action="append", default=[],
-                        help="stop a sample at this token id (repeatable; end-of-text always stops)")
-    parser.add_argument("--seed", type=int, default=defaults.seed,
-                        help="make the samples reproducible (sample i uses seed + i)")
+    parser.add_argument(
+        "--stop-token-id",
+        dest="stop_token_ids",
+        type=int,
+        action="append",
+        default=[],
+        help="stop a sample at this token id (repeatable; end-of-text always stops)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=defaults.seed, help="make the samples reproducible (sample i uses seed + i)"
+    )
     parser.add_argument("-n", "--num-samples", dest="n", type=int, default=defaults.n, help="samples to draw")
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
     """The SamplingParams the flags of `add_sampling_arguments` describe; a bad value is a ValueError."""
-    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                          top_k=args.top_k, stop=tuple(args.stop), stop_token_ids=tuple(args.stop_token_ids),
-                          seed=args.seed, n=args.n)
+    return SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        stop=tuple(args.stop),
+        stop_token_ids=tuple(args.stop_token_ids),
+        seed=args.seed,
+        n=args.n,
+    )

@@ -35,7 +35,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--truncate", choices=["left"], help="cut a prompt longer than the context from the left")
     parser.add_argument("--slide-by", type=int, help="window shift past the context (default block_size // 4)")
     parser.add_argument(
-        "--dtype", choices=PRECISIONS, default="float32",
+        "--dtype",
+        choices=PRECISIONS,
+        default="float32",
         help="weights' precision (default float32; int8 = int8 weights, bfloat16 activations)",
     )
     parser.add_argument("--device", default="auto", help="'auto' (cuda when available), 'cpu', 'cuda', ...")

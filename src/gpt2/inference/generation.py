@@ -29,7 +29,8 @@ last block_size tokens and recompute" loop, at the cost of a block_size-token pr
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 

@@ -15,9 +15,11 @@ many bytes each weight takes.
 
 In both, the tied LM head gets its own copy in the new layout while `wte` keeps serving the embedding lookups.
 """
+
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 import torch.nn as nn
@@ -34,6 +36,9 @@ class Int8Linear(nn.Module):
     dequantizes and calls F.linear (`reference_forward`), which computes the same thing.
     """
 
+    weight_int8: torch.Tensor
+    scale: torch.Tensor
+
     def __init__(self, weight_int8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.register_buffer("weight_int8", weight_int8)  # (out, in) int8
@@ -41,7 +46,7 @@ class Int8Linear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, *, dtype: torch.dtype | None = None) -> "Int8Linear":
+    def from_linear(cls, linear: nn.Linear, *, dtype: torch.dtype | None = None) -> Int8Linear:
         weight = linear.weight.detach().float()
         scale = weight.abs().amax(dim=1).clamp(min=1e-12) / INT8_MAX  # (out,)
         weight_int8 = torch.round(weight / scale[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
@@ -75,9 +80,13 @@ def quantize_int8(model: nn.Module, *, dtype: torch.dtype = torch.bfloat16) -> n
     model.to(dtype)
     return _replace_linears(model, lambda linear: Int8Linear.from_linear(linear, dtype=dtype))
 
+
 class SplitLinear(nn.Module):
     """y = x W^T + b with W^T stored as `parts` column blocks: (parts, in, out/parts), padded when `parts` does
     not divide `out`. One batched matmul over the blocks lets every core stream its own share of the weight."""
+
+    weight_blocks: torch.Tensor
+    bias_blocks: torch.Tensor
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, parts: int) -> None:
         super().__init__()
@@ -91,7 +100,7 @@ class SplitLinear(nn.Module):
         self.out_features = out_features
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, parts: int) -> "SplitLinear":
+    def from_linear(cls, linear: nn.Linear, parts: int) -> SplitLinear:
         return cls(linear.weight, linear.bias, parts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

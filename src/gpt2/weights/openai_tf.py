@@ -103,8 +103,10 @@ def read_tf_checkpoint(prefix: str | os.PathLike[str]) -> dict[str, torch.Tensor
         values = dict(fields)
         dtype = TF_DTYPES.get(int(values.get(1, 0)))
         if dtype is None:
-            raise ValueError(f"variable {key.decode()} has unsupported TF dtype {values.get(1)}")
-        dims = [dim for number, dim in _proto_fields(values.get(2, b"")) if number == 2]  # TensorShapeProto.dim
+            raise ValueError(f"variable {key.decode()} has unsupported TF dtype {values.get(1)!r}")
+        shape_proto = values.get(2, b"")
+        assert isinstance(shape_proto, bytes), "TensorShapeProto is a length-delimited field"
+        dims = [dim for number, dim in _proto_fields(shape_proto) if number == 2 and isinstance(dim, bytes)]
         shape = [int(dict(_proto_fields(dim)).get(1, 0)) for dim in dims]  # Dim.size
         shard = int(values.get(3, 0))
         if shard not in shards:
@@ -141,8 +143,12 @@ def load_openai_tf(directory: str | os.PathLike[str], **config_overrides: Any) -
     try:
         hparams = json.loads(hparams_path.read_text())
         config = GPTConfig(
-            vocab_size=hparams["n_vocab"], block_size=hparams["n_ctx"], n_layer=hparams["n_layer"],
-            n_head=hparams["n_head"], n_embd=hparams["n_embd"], **config_overrides,
+            vocab_size=hparams["n_vocab"],
+            block_size=hparams["n_ctx"],
+            n_layer=hparams["n_layer"],
+            n_head=hparams["n_head"],
+            n_embd=hparams["n_embd"],
+            **config_overrides,
         )
     except FileNotFoundError as err:
         raise FileNotFoundError(f"{hparams_path} is missing: OpenAI's GPT-2 layout needs hparams.json") from err
