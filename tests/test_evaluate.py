@@ -1,4 +1,5 @@
-"""Evaluation: sliding-window perplexity, HellaSwag and LAMBADA scoring, dataset fetching, `gpt2 eval`.
+"""Evaluation: sliding-window perplexity, continuation scoring as lm-evaluation-harness encodes it, HellaSwag and
+LAMBADA, dataset fetching, `gpt2 eval`.
 
 Most tests use models whose weights are set by hand so the right answer is known in closed form:
 
@@ -12,6 +13,7 @@ Most tests use models whose weights are set by hand so the right answer is known
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import urllib.error
@@ -26,20 +28,24 @@ from hypothesis import strategies as st
 from gpt2.cli import main
 from gpt2.cli.eval import load_model_and_tokenizer
 from gpt2.config import GPTConfig
-from gpt2.eval import core as evaluate
 from gpt2.eval import (
     count_bytes,
+    encode_pair,
     evaluate_hellaswag,
     evaluate_lambada,
     fetch_dataset,
     parse_hellaswag_record,
     perplexity,
+    perplexity_of_split,
+    perplexity_of_text,
     read_lambada,
     score_continuations,
+    score_texts,
     sliding_windows,
 )
 from gpt2.model import GPT
 from gpt2.tokenizer import ByteTokenizer, load_tokenizer
+from gpt2.weights import hub, save_pretrained
 
 V = ByteTokenizer.vocab_size  # 257
 N_EMBD = 64
@@ -209,6 +215,33 @@ def test_count_bytes_with_gpt2_bpe_equals_the_text_bytes(gpt2_bpe_dir: Path) -> 
     assert count_bytes(tokenizer, tokenizer.encode(text), tokenizer.vocab_size) == len(text.encode("utf-8"))
 
 
+def test_perplexity_of_text_scores_every_byte_after_an_end_of_text_prefix() -> None:
+    tokenizer, model = ByteTokenizer(), random_model()
+    text = "naïve café, twice: naïve café"
+    result = perplexity_of_text(model, tokenizer, text, stride=4)
+    tokens = [tokenizer.eot_token, *tokenizer.encode(text)]
+    assert result == perplexity(model, tokens, stride=4, num_bytes=len(text.encode("utf-8")))
+    assert result.num_tokens == result.num_bytes == len(text.encode("utf-8"))
+
+
+def test_perplexity_of_text_without_the_prefix_and_with_max_tokens() -> None:
+    tokenizer, model = ByteTokenizer(), random_model()
+    result = perplexity_of_text(model, tokenizer, "abcdefghij", eot_prefix=False, max_tokens=6, stride=4)
+    assert result == perplexity(model, list(b"abcdef"), stride=4, num_bytes=5)  # "a" is context only
+    with pytest.raises(ValueError, match="max_tokens must be at least 2"):
+        perplexity_of_text(model, tokenizer, "abc", max_tokens=1)
+
+
+def test_perplexity_of_split_refuses_data_tokenized_by_another_tokenizer(tmp_path: Path, gpt2_bpe_dir: Path) -> None:
+    from gpt2.data import prepare
+
+    source = tmp_path / "corpus.txt"
+    source.write_text("a a a a é é q a\n" * 50, encoding="utf-8")
+    prepare([source], tmp_path / "shards", ByteTokenizer(), val_fraction=0.2, progress=False)
+    with pytest.raises(ValueError, match="was tokenized with"):
+        perplexity_of_split(zero_model(), load_tokenizer(gpt2_bpe_dir), tmp_path / "shards", "val")
+
+
 # ------------------------------------------------------------------------------------- continuations
 def test_score_continuations_keeps_the_continuation_when_the_context_is_too_long() -> None:
     model, L = pair_model([("a", "b")], block_size=4)
@@ -217,6 +250,65 @@ def test_score_continuations_keeps_the_continuation_when_the_context_is_too_long
     assert score.num_tokens == 3
     assert score.loss_sum == pytest.approx(3 * partner_loss(L), abs=1e-4)
     assert score.greedy
+
+
+def test_encode_pair_moves_the_context_trailing_whitespace_into_the_continuation() -> None:
+    tokenizer = ByteTokenizer()
+    assert encode_pair(tokenizer, "ab\n  ", " c") == (list(b"ab"), list(b"\n   c"))
+    assert encode_pair(tokenizer, "ab", " c") == (list(b"ab"), list(b" c"))  # nothing to move
+
+
+def test_encode_pair_scores_the_tokens_of_running_text_with_gpt2_bpe(gpt2_bpe_dir: Path) -> None:
+    tokenizer = load_tokenizer(gpt2_bpe_dir)
+    # code: the target " return" (1441) after "\n   " is scored with the newline and indentation tokens
+    [(context, target)] = read_lambada([{"text": "def add(a, b):\n    return"}])
+    assert (context, target) == ("def add(a, b):\n   ", " return")
+    assert encode_pair(tokenizer, context, target) == ([4299, 751, 7, 64, 11, 275, 2599], [198, 220, 220, 220, 1441])
+    # a double space before the last word: " Ann" (5506) comes with the first space (220)
+    [(context, target)] = read_lambada([{"text": "she handed the keys to  Ann"}])
+    assert encode_pair(tokenizer, context, target) == ([7091, 10158, 262, 8251, 284], [220, 5506])
+
+
+def test_encode_pair_puts_end_of_text_before_a_context_of_only_whitespace() -> None:
+    tokenizer = ByteTokenizer()
+    assert encode_pair(tokenizer, "  ", " c") == ([tokenizer.eot_token], list(b"   c"))
+    assert encode_pair(tokenizer, "", "c") == ([tokenizer.eot_token], list(b"c"))
+
+
+def full_sequence_loss(model: GPT, tokenizer, context: str, continuation: str) -> float:
+    """Reference: one forward over the whole text's tokens, summing -log p of every token after those of the
+    context without its trailing whitespace (what the harness calls the continuation)."""
+    tokens = tokenizer.encode(context + continuation)
+    first = len(tokenizer.encode(context.rstrip()))
+    with torch.no_grad():
+        log_probs = torch.log_softmax(model(torch.tensor([tokens[:-1]])).logits[0].float(), dim=-1)  # (T, V)
+    return -sum(float(log_probs[i - 1, tokens[i]]) for i in range(first, len(tokens)))
+
+
+WHITESPACE_PAIRS = [
+    ("def add(a, b):\n   ", " return"),  # LAMBADA split of code: the context ends in "\n" + 3 spaces
+    ("she handed the keys to ", " Ann"),  # a double space before the last word
+    ("Cooking: How to cook rice. ", " Rinse the rice."),  # HellaSwag lm-eval style after a "[title]"
+]
+
+
+def test_scores_after_trailing_whitespace_match_a_full_sequence_forward(gpt2_bpe_dir: Path) -> None:
+    tokenizer = load_tokenizer(gpt2_bpe_dir)
+    model = random_model(vocab_size=tokenizer.vocab_size, block_size=32).eval()
+    scores = score_texts(model, tokenizer, WHITESPACE_PAIRS, batch_size=3)  # one right-padded batch
+    expected = [full_sequence_loss(model, tokenizer, context, target) for context, target in WHITESPACE_PAIRS]
+    assert [s.loss_sum for s in scores] == pytest.approx(expected, rel=1e-5)
+    assert [s.num_tokens for s in scores] == [5, 2, 6]
+
+
+def test_lambada_after_indentation_or_a_double_space_matches_a_full_sequence_forward(gpt2_bpe_dir: Path) -> None:
+    tokenizer = load_tokenizer(gpt2_bpe_dir)
+    model = random_model(vocab_size=tokenizer.vocab_size, block_size=32).eval()
+    texts = ["def add(a, b):\n    return", "she handed the keys to  Ann"]
+    result = evaluate_lambada(model, tokenizer, [{"text": text} for text in texts])
+    losses = [full_sequence_loss(model, tokenizer, *read_lambada([{"text": text}])[0]) for text in texts]
+    assert result["perplexity"] == pytest.approx(math.exp(sum(losses) / 2), rel=1e-5)
+    assert result["token_perplexity"] == pytest.approx(math.exp(sum(losses) / 7), rel=1e-5)  # 5 + 2 tokens
 
 
 # ---------------------------------------------------------------------------------------- HellaSwag
@@ -307,6 +399,18 @@ def test_hellaswag_lm_eval_style_renders_the_context_like_the_harness() -> None:
     assert example.label == 1  # the Hub copy's string labels are accepted
 
 
+def test_hellaswag_ending_left_empty_by_the_clean_up_is_the_space_alone_and_never_wins_per_character() -> None:
+    model, L = hellaswag_model()
+    p, o, u = partner_loss(L), other_loss(L), math.log(V)
+    record = hellaswag_record("xa", ["[header]", "q", "qq", "zz"], label=0)
+    example = parse_hellaswag_record(record, "x", style="lm-eval")
+    assert example.endings == (" ", " q", " qq", " zz") and example.normalizers == (0, 1, 2, 2)
+    # " " costs p (the best total and mean); per character it has no characters, so " qq" (p + o + u) / 2 wins
+    result = evaluate_hellaswag(model, ByteTokenizer(), [record], style="lm-eval")
+    assert (result["acc"], result["acc_norm"], result["acc_char_norm"]) == (1.0, 1.0, 0.0)
+    assert (p + o + u) / 2 < p + o  # why " qq" beats " q" per character
+
+
 @pytest.mark.parametrize(
     ("line", "message"),
     [
@@ -373,13 +477,13 @@ def test_fetch_dataset_offline_says_how_to_pass_a_local_file(tmp_path: Path, mon
     def offline(*args, **kwargs):
         raise urllib.error.URLError("no network")
 
-    monkeypatch.setattr(evaluate.urllib.request, "urlopen", offline)
+    monkeypatch.setattr(hub.urllib.request, "urlopen", offline)
     with pytest.raises(FileNotFoundError, match="--data PATH"):
         fetch_dataset("lambada", tmp_path)
 
 
 def test_fetch_dataset_uses_the_cached_file_without_the_network(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(evaluate.urllib.request, "urlopen", lambda *a, **k: pytest.fail("network used"))
+    monkeypatch.setattr(hub.urllib.request, "urlopen", lambda *a, **k: pytest.fail("network used"))
     cached = write_jsonl(tmp_path / "hellaswag_val.jsonl", HELLASWAG_RECORDS)
     assert fetch_dataset("hellaswag", tmp_path) == cached
 
@@ -395,10 +499,43 @@ def test_fetch_dataset_refuses_a_download_with_the_wrong_checksum(tmp_path: Path
         def read(self) -> bytes:
             return b'{"text": "tampered text"}\n'
 
-    monkeypatch.setattr(evaluate.urllib.request, "urlopen", lambda *a, **k: Response())
+    monkeypatch.setattr(hub.urllib.request, "urlopen", lambda *a, **k: Response())
     with pytest.raises(ValueError, match="sha256"):
         fetch_dataset("lambada", tmp_path)
     assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+class FakeResponse:
+    """What urlopen returns, serving fixed bytes."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def read(self) -> bytes:
+        return self.data
+
+
+def test_fetch_dataset_downloads_once_into_the_cache_folder(tmp_path: Path, monkeypatch) -> None:
+    data = "".join(json.dumps(r) + "\n" for r in HELLASWAG_RECORDS).encode()
+    monkeypatch.setattr(hub.urllib.request, "urlopen", lambda *a, **k: FakeResponse(data))
+    path = fetch_dataset("hellaswag", tmp_path / "cache")
+    assert path == tmp_path / "cache" / "hellaswag_val.jsonl" and path.read_bytes() == data
+    monkeypatch.setattr(hub.urllib.request, "urlopen", lambda *a, **k: pytest.fail("network used"))
+    assert fetch_dataset("hellaswag", tmp_path / "cache") == path
+
+
+def test_download_file_writes_the_file_when_its_sha256_matches(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(hub.urllib.request, "urlopen", lambda *a, **k: FakeResponse(b"payload"))
+    digest = hashlib.sha256(b"payload").hexdigest()
+    path = hub.download_file("https://example.invalid/f", tmp_path / "sub" / "f.bin", sha256=digest)
+    assert path.read_bytes() == b"payload"
+    assert [p.name for p in path.parent.iterdir()] == ["f.bin"]  # no temporary file left
 
 
 # ----------------------------------------------------------------------------------------------- CLI
@@ -407,7 +544,7 @@ def model_dir(tmp_path: Path) -> Path:
     """A saved pair model with its ByteTokenizer alongside, as training checkpoints are written."""
     model, _ = pair_model([(" ", "a"), ("\xc3", "\xa9")], block_size=32)
     directory = tmp_path / "model"
-    model.save_pretrained(directory)
+    save_pretrained(model, directory)
     ByteTokenizer().save(directory)
     return directory
 
@@ -475,7 +612,7 @@ def test_cli_malformed_file_is_one_line_naming_the_file_and_line(tmp_path: Path,
 def test_cli_missing_tokenizer_says_to_pass_one(tmp_path: Path) -> None:
     model, _ = pair_model([(" ", "a")])
     directory = tmp_path / "bare"
-    model.save_pretrained(directory)
+    save_pretrained(model, directory)
     data = write_jsonl(tmp_path / "lambada.jsonl", LAMBADA_RECORDS)
     with pytest.raises(FileNotFoundError, match="--tokenizer"):
         load_model_and_tokenizer(str(directory), None, torch.device("cpu"))

@@ -17,11 +17,10 @@ from gpt2.eval import (
     DEFAULT_BATCH_SIZE,
     HELLASWAG_NUM_ENDINGS,
     HELLASWAG_STYLES,
-    count_bytes,
     evaluate_hellaswag,
     evaluate_lambada,
+    evaluate_perplexity,
     fetch_dataset,
-    perplexity,
 )
 from gpt2.runtime.device import resolve_device
 from gpt2.runtime.files import atomic_write_text
@@ -76,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     hellaswag.set_defaults(func=run_hellaswag)
 
     lambada = tasks.add_parser("lambada", parents=[common], help="LAMBADA last-word accuracy and perplexity")
-    lambada.add_argument("--data", type=Path, help="LAMBADA JSONL ({\"text\": ...}); default: fetch OpenAI's test set")
+    lambada.add_argument("--data", type=Path, help='LAMBADA JSONL ({"text": ...}); default: fetch OpenAI\'s test set')
     lambada.add_argument("--limit", type=int, help="only the first N passages")
     lambada.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="passages per forward")
     lambada.add_argument("--cache-dir", type=Path, help="where fetched files go (default: $GPT2_CACHE/eval)")
@@ -103,53 +102,22 @@ def report(results: dict[str, Any], out: Path | None) -> int:
     return 0
 
 
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{str(path)!r} is not UTF-8 text (byte {err.start}); convert it or prepare it first") from err
-
-
 # ------------------------------------------------------------------------------------------ commands
 def run_perplexity(args: argparse.Namespace) -> int:
     model, tokenizer = load_model_and_tokenizer(args.model, args.tokenizer, resolve_device(args.device))
-    data: Path = args.data
-    split = None
-    if data.is_dir():
-        from gpt2.data import load_split, read_manifest
-
-        manifest = read_manifest(data)
-        saved = manifest.get("tokenizer", {}).get("identity")
-        if saved and getattr(tokenizer, "identity", saved) != saved:
-            raise ValueError(
-                f"{str(data)!r} was tokenized with {saved}, not the model's tokenizer {tokenizer.identity}; "
-                "prepare the data with the model's tokenizer or pass the right --tokenizer"
-            )
-        split = args.split
-        tokens = load_split(data, split)
-    elif data.is_file():
-        text = _read_text(data)
-        tokens = tokenizer.encode(text)
-        if not args.no_eot_prefix:
-            tokens = [tokenizer.eot_token, *tokens]  # as lm-eval's rolling log-likelihood: score the first token too
-    else:
-        raise FileNotFoundError(f"--data {str(data)!r} does not exist; pass a text file or a `gpt2 prepare` folder")
-    if args.max_tokens is not None:
-        if args.max_tokens < 2:
-            raise ValueError(f"--max-tokens must be at least 2, got {args.max_tokens}")
-        tokens = tokens[: args.max_tokens]
-    num_bytes = count_bytes(tokenizer, tokens[1:], tokenizer.vocab_size)  # the bytes the scored tokens stand for
-    result = perplexity(
+    results = evaluate_perplexity(
         model,
-        tokens,
+        tokenizer,
+        args.data,
+        split=args.split,
+        eot_prefix=not args.no_eot_prefix,
+        max_tokens=args.max_tokens,
         context_length=args.context_length,
         stride=args.stride,
         batch_size=args.batch_size,
-        num_bytes=num_bytes or None,
         progress=not args.no_progress,
     )
-    header = {"task": "perplexity", "model": str(args.model), "data": str(data), "split": split}
-    return report({**header, **result.to_dict()}, args.out)
+    return report({"task": results["task"], "model": str(args.model), **results}, args.out)  # model second
 
 
 def run_hellaswag(args: argparse.Namespace) -> int:

@@ -2,12 +2,18 @@
 
 Everything else in the package works on local paths. A name that is a local directory is returned as is;
 anything else is fetched with `huggingface_hub` (an optional dependency) or refused with a clear error.
+`download_file` fetches one file by URL (the public evaluation files), checked by sha256 and written atomically.
 """
 
 from __future__ import annotations
 
+import hashlib
+import http.client
+import urllib.request
 from pathlib import Path
 from typing import Sequence
+
+from gpt2.runtime.files import atomic_write_bytes
 
 
 def resolve_pretrained(name_or_path: str | Path, allow_patterns: Sequence[str]) -> Path:
@@ -39,3 +45,29 @@ def resolve_pretrained(name_or_path: str | Path, allow_patterns: Sequence[str]) 
             f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else 'no details'}); "
             "check the name and the network, or pass a local directory"
         ) from err
+
+
+DOWNLOAD_TIMEOUT_S = 60  # per blocking network operation, not for the whole file
+
+
+def download_file(url: str, destination: str | Path, *, sha256: str | None = None) -> Path:
+    """Download `url` to `destination` (parent folders created) and return that path.
+
+    The file appears whole or not at all (written to a temporary file, then renamed). With `sha256`, the
+    bytes are checked first and a mismatch is a ValueError that leaves nothing behind. Offline or on an HTTP
+    error, raises FileNotFoundError naming the URL, the reason and where to put the file by hand.
+    """
+    destination = Path(destination)
+    try:
+        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
+            data = response.read()
+    except (OSError, http.client.HTTPException) as err:  # URLError, HTTPError and timeouts are OSErrors
+        raise FileNotFoundError(
+            f"downloading {url} failed ({err}); check the network, or download it by hand to {str(destination)!r}"
+        ) from err
+    digest = hashlib.sha256(data).hexdigest()
+    if sha256 is not None and digest != sha256.lower():
+        raise ValueError(f"{url} has sha256 {digest}, expected {sha256}; the download is corrupt, try again")
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(destination, data)
+    return destination
