@@ -73,16 +73,26 @@ def main() -> None:
         for round_index in range(args.rounds):
             for mode in ("ours", "plain"):
                 out = Path(tmp) / f"{mode}-{round_index}" / "out"
-                command = [sys.executable, __file__, "--chunk-chars", str(args.chunk_chars),
-                           "--worker", mode, str(corpus), str(out)]
+                command = [
+                    sys.executable,
+                    __file__,
+                    "--chunk-chars",
+                    str(args.chunk_chars),
+                    "--worker",
+                    mode,
+                    str(corpus),
+                    str(out),
+                ]
                 line = subprocess.run(command, check=True, capture_output=True, text=True).stdout.strip()
                 results[mode].append(json.loads(line.splitlines()[-1]))
                 if mode == "plain":
                     ours = np.load(Path(tmp) / f"ours-{round_index}" / "ours.npy")
                     if not np.array_equal(ours, np.load(out.parent / "plain.npy")):
                         raise SystemExit("ours and plain token streams differ: the figures would mean nothing")
-        print(f"corpus: tinyshakespeare x{args.repeat} = {size_mb:.2f} MB, {results['ours'][0]['tokens']:,} tokens "
-              f"(identical streams), chunk_chars {args.chunk_chars}")
+        print(
+            f"corpus: tinyshakespeare x{args.repeat} = {size_mb:.2f} MB, {results['ours'][0]['tokens']:,} tokens "
+            f"(identical streams), chunk_chars {args.chunk_chars}"
+        )
         print("| path | best seconds | tokens/s | MB/s | peak RSS MB |")
         print("|---|---|---|---|---|")
         best = {}

@@ -74,8 +74,9 @@ def main() -> None:
     ours = load_tokenizer(args.bpe_dir)
     os.environ["TIKTOKEN_CACHE_DIR"] = ""  # read the local files, write no cache
     ranks = data_gym_to_mergeable_bpe_ranks(str(args.bpe_dir / "vocab.bpe"), str(args.bpe_dir / "encoder.json"))
-    reference = tiktoken.Encoding("gpt2-local", pat_str=TIKTOKEN_SPLIT_PATTERN, mergeable_ranks=ranks,
-                                  special_tokens={"<|endoftext|>": 50256})
+    reference = tiktoken.Encoding(
+        "gpt2-local", pat_str=TIKTOKEN_SPLIT_PATTERN, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 50256}
+    )
     ids = ours.encode(text)
     assert ids == reference.encode_ordinary(text), "ours and tiktoken disagree"
     results: dict[str, object] = {
@@ -98,8 +99,12 @@ def main() -> None:
         from transformers import GPT2TokenizerFast
 
         hf_dir = args.bpe_dir
-        hf = GPT2TokenizerFast(vocab=str(hf_dir / "encoder.json"), merges=str(hf_dir / "vocab.bpe"),
-                               split_special_tokens=True, model_max_length=10**12)
+        hf = GPT2TokenizerFast(
+            vocab=str(hf_dir / "encoder.json"),
+            merges=str(hf_dir / "vocab.bpe"),
+            split_special_tokens=True,
+            model_max_length=10**12,
+        )
         assert hf.encode("Hello world") == [15496, 995], "transformers built a broken tokenizer"
         started = time.perf_counter()
         hf_ids = hf.encode(text)

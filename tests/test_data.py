@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import shared_file
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import shared_file
 from gpt2.cli import main
 from gpt2.data import (
     MANIFEST_NAME,
@@ -25,7 +25,7 @@ from gpt2.data import (
     prepare,
     token_dtype,
 )
-from gpt2.data.core import _pieces, _Report
+from gpt2.data.sources import Report, _pieces
 from gpt2.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 
 EOT_BYTES = ByteTokenizer.eot_token  # 256
@@ -108,7 +108,7 @@ def test_stream_is_eot_then_document_for_each_document_with_exact_gpt2_ids(tmp_p
     chunk_chars=st.integers(min_value=1, max_value=40),
 )
 def test_cutting_text_into_pieces_never_changes_gpt2_ids_unless_a_cut_is_forced(text, chunk_chars, gpt2_tokenizer):
-    report = _Report()
+    report = Report()
     pieces = list(_pieces([text], chunk_chars, report))
     assert "".join(pieces) == text
     assert all(0 < len(piece) <= chunk_chars for piece in pieces)
@@ -142,8 +142,9 @@ def test_val_split_is_the_tail_of_the_stream_for_a_single_file(tmp_path, gpt2_to
 
 def test_shards_hold_at_most_shard_tokens_and_the_boundary_shard_is_split(tmp_path):
     write(tmp_path / "a.txt", "x" * 2499)  # 2500 tokens with the EOT
-    manifest = prepare([tmp_path / "a.txt"], tmp_path / "out", ByteTokenizer(), shard_tokens=1000,
-                       val_fraction=0.3, progress=False)
+    manifest = prepare(
+        [tmp_path / "a.txt"], tmp_path / "out", ByteTokenizer(), shard_tokens=1000, val_fraction=0.3, progress=False
+    )
     layout = [(s["file"], s["split"], s["tokens"]) for s in manifest["shards"]]
     assert layout == [
         ("train_000000.bin", "train", 1000),
@@ -186,8 +187,14 @@ def test_manifest_records_tokenizer_and_sources(tmp_path):
 
 
 def test_directories_are_read_recursively_in_sorted_order_skipping_hidden_and_other_files(tmp_path):
-    for name, text in [("b.txt", "B"), ("a/z.md", "Z"), ("a/c.txt", "C"), (".hidden/h.txt", "H"),
-                       ("image.png", "P"), (".dot.txt", "D")]:
+    for name, text in [
+        ("b.txt", "B"),
+        ("a/z.md", "Z"),
+        ("a/c.txt", "C"),
+        (".hidden/h.txt", "H"),
+        ("image.png", "P"),
+        (".dot.txt", "D"),
+    ]:
         write(tmp_path / "in" / name, text)
     manifest = prepare([tmp_path / "in"], tmp_path / "out", ByteTokenizer(), val_fraction=0.0, progress=False)
     assert load_split(tmp_path / "out", "train").tolist() == [256, ord("C"), 256, ord("Z"), 256, ord("B")]
@@ -198,17 +205,21 @@ def test_directories_are_read_recursively_in_sorted_order_skipping_hidden_and_ot
 def test_a_glob_chooses_files_in_sorted_order(tmp_path):
     for name in ("2.html", "1.html", "3.txt"):
         write(tmp_path / "in" / name, name[0])
-    manifest = prepare([str(tmp_path / "in" / "*.html")], tmp_path / "out", ByteTokenizer(), val_fraction=0.0,
-                       progress=False)
+    manifest = prepare(
+        [str(tmp_path / "in" / "*.html")], tmp_path / "out", ByteTokenizer(), val_fraction=0.0, progress=False
+    )
     assert load_split(tmp_path / "out", "train").tolist() == [256, ord("1"), 256, ord("2")]
     assert manifest["sources"][0]["kind"] == "glob"
 
 
-@pytest.mark.parametrize("source, message", [
-    ("missing.txt", "missing.txt' does not exist"),
-    ("nothing/*.txt", "matches no files"),
-    ("emptydir", "has no text files"),
-])
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ("missing.txt", "missing.txt' does not exist"),
+        ("nothing/*.txt", "matches no files"),
+        ("emptydir", "has no text files"),
+    ],
+)
 def test_a_source_that_matches_nothing_is_a_file_not_found_error_naming_it(tmp_path, source, message):
     (tmp_path / "emptydir").mkdir()
     write(tmp_path / "emptydir" / "x.png", "x")
@@ -221,8 +232,13 @@ def test_invalid_utf8_is_replaced_counted_and_warned_about(tmp_path):
     write(tmp_path / "bad.txt", b"caf\xe9 and \xff\xfe done")
     write(tmp_path / "genuine.txt", "a real \ufffd is not an error")
     with pytest.warns(UserWarning, match="1 file.*not valid UTF-8"):
-        manifest = prepare([tmp_path / "bad.txt", tmp_path / "genuine.txt"], tmp_path / "out", ByteTokenizer(),
-                           val_fraction=0.0, progress=False)
+        manifest = prepare(
+            [tmp_path / "bad.txt", tmp_path / "genuine.txt"],
+            tmp_path / "out",
+            ByteTokenizer(),
+            val_fraction=0.0,
+            progress=False,
+        )
     assert manifest["invalid_utf8"] == {
         "files": 1,
         "replacements": 3,
@@ -236,8 +252,9 @@ def test_invalid_utf8_split_across_reads_is_counted_once(tmp_path):
     # a 2-byte character cut by the read boundary is valid; a lone continuation byte is not
     write(tmp_path / "a.txt", b"ab\xc3\xa9cd\x80ef")
     with pytest.warns(UserWarning, match="not valid UTF-8"):
-        manifest = prepare([tmp_path / "a.txt"], tmp_path / "out", ByteTokenizer(), val_fraction=0.0, chunk_chars=3,
-                           progress=False)
+        manifest = prepare(
+            [tmp_path / "a.txt"], tmp_path / "out", ByteTokenizer(), val_fraction=0.0, chunk_chars=3, progress=False
+        )
     assert manifest["invalid_utf8"]["replacements"] == 1
     assert ByteTokenizer().decode(load_split(tmp_path / "out", "train")[1:].tolist()) == "abécd\ufffdef"
 
@@ -260,8 +277,9 @@ def test_sources_with_no_text_at_all_are_a_value_error(tmp_path):
 def test_a_word_longer_than_a_chunk_is_cut_losslessly_and_counted(tmp_path, gpt2_tokenizer):
     text = "abcdefghij" * 1000  # 10,000 characters, no whitespace
     write(tmp_path / "a.txt", text)
-    manifest = prepare([tmp_path / "a.txt"], tmp_path / "out", gpt2_tokenizer, val_fraction=0.0, chunk_chars=1024,
-                       progress=False)
+    manifest = prepare(
+        [tmp_path / "a.txt"], tmp_path / "out", gpt2_tokenizer, val_fraction=0.0, chunk_chars=1024, progress=False
+    )
     assert manifest["forced_splits"] == 9
     tokens = load_split(tmp_path / "out", "train").tolist()
     assert tokens[0] == gpt2_tokenizer.eot_token
@@ -275,19 +293,23 @@ def test_jsonl_records_are_documents_read_from_the_named_field(tmp_path, gpt2_to
     records = [{"id": 1, "body": "First record.\n"}, {"id": 2, "body": ""}, {"id": 3, "body": "Third, with 東京."}]
     lines = [json.dumps(r, ensure_ascii=False) for r in records]
     write(tmp_path / "c.jsonl", "\n".join(lines[:2]) + "\n\n" + lines[2] + "\n")
-    manifest = prepare([tmp_path / "c.jsonl"], tmp_path / "out", gpt2_tokenizer, jsonl_field="body",
-                       val_fraction=0.0, progress=False)
+    manifest = prepare(
+        [tmp_path / "c.jsonl"], tmp_path / "out", gpt2_tokenizer, jsonl_field="body", val_fraction=0.0, progress=False
+    )
     expected = stream(gpt2_tokenizer, ["First record.\n", "Third, with 東京."])
     assert load_split(tmp_path / "out", "train").tolist() == expected
     assert (manifest["documents"], manifest["empty_records"]) == (2, 1)
 
 
-@pytest.mark.parametrize("content, message", [
-    ('{"text": "ok"}\n{"body": "no text field"}\n', r"c\.jsonl:2: the record has no field 'text' \(fields: body\)"),
-    ('{"text": "ok"}\n\n{"text": "unterminated\n', r"c\.jsonl:3: not valid JSON"),
-    ('["a list"]\n', r"c\.jsonl:1: expected a JSON object"),
-    ('{"text": 5}\n', r"c\.jsonl:1: field 'text' holds int"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('{"text": "ok"}\n{"body": "no text field"}\n', r"c\.jsonl:2: the record has no field 'text' \(fields: body\)"),
+        ('{"text": "ok"}\n\n{"text": "unterminated\n', r"c\.jsonl:3: not valid JSON"),
+        ('["a list"]\n', r"c\.jsonl:1: expected a JSON object"),
+        ('{"text": 5}\n', r"c\.jsonl:1: field 'text' holds int"),
+    ],
+)
 def test_a_bad_jsonl_line_is_a_value_error_naming_file_and_line(tmp_path, content, message):
     write(tmp_path / "c.jsonl", content)
     with pytest.raises(ValueError, match=message):
@@ -313,8 +335,15 @@ def test_dataset_records_are_documents_after_the_files(tmp_path, monkeypatch):
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
     write(tmp_path / "a.txt", "A")
-    manifest = prepare([tmp_path / "a.txt"], tmp_path / "out", ByteTokenizer(), dataset="someone/corpus",
-                       dataset_config="small", val_fraction=0.0, progress=False)
+    manifest = prepare(
+        [tmp_path / "a.txt"],
+        tmp_path / "out",
+        ByteTokenizer(),
+        dataset="someone/corpus",
+        dataset_config="small",
+        val_fraction=0.0,
+        progress=False,
+    )
     assert calls == [("someone/corpus", "small", "train", True)]
     assert load_split(tmp_path / "out", "train").tolist() == stream(ByteTokenizer(), ["A", "hi", "yo"])
     assert manifest["sources"][1]["kind"] == "dataset" and manifest["sources"][1]["documents"] == 2
@@ -329,8 +358,9 @@ def test_existing_output_is_kept_unless_overwrite_and_then_stale_shards_go(tmp_p
     prepare([tmp_path / "big.txt"], tmp_path / "out", ByteTokenizer(), shard_tokens=1000, progress=False)
     with pytest.raises(FileExistsError, match="overwrite"):
         prepare([tmp_path / "small.txt"], tmp_path / "out", ByteTokenizer(), progress=False)
-    prepare([tmp_path / "small.txt"], tmp_path / "out", ByteTokenizer(), val_fraction=0.0, overwrite=True,
-            progress=False)
+    prepare(
+        [tmp_path / "small.txt"], tmp_path / "out", ByteTokenizer(), val_fraction=0.0, overwrite=True, progress=False
+    )
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [MANIFEST_NAME, "train_000000.bin"]
     assert load_split(tmp_path / "out", "train").tolist() == [256, ord("y")]
 
@@ -389,8 +419,19 @@ def test_cli_prepare_handles_invalid_bytes_empty_files_and_a_5mb_line(tmp_path, 
     write(tmp_path / "corpus" / "c.txt", "")
     write(tmp_path / "corpus" / "d.txt", huge)
     with pytest.warns(UserWarning, match="not valid UTF-8"):
-        status = main(["prepare", str(tmp_path / "corpus"), "--out", str(tmp_path / "out"),
-                       "--tokenizer", str(gpt2_bpe_dir), "--chunk-chars", "65536", "--quiet"])
+        status = main(
+            [
+                "prepare",
+                str(tmp_path / "corpus"),
+                "--out",
+                str(tmp_path / "out"),
+                "--tokenizer",
+                str(gpt2_bpe_dir),
+                "--chunk-chars",
+                "65536",
+                "--quiet",
+            ]
+        )
     assert status == 0
     printed = capsys.readouterr().out
     assert "prepared 3 document(s)" in printed
@@ -406,8 +447,22 @@ def test_cli_prepare_handles_invalid_bytes_empty_files_and_a_5mb_line(tmp_path, 
 
 def test_cli_prepare_with_the_byte_tokenizer(tmp_path, capsys):
     write(tmp_path / "a.txt", "hello")
-    assert main(["prepare", str(tmp_path / "a.txt"), "--out", str(tmp_path / "out"), "--tokenizer", "bytes",
-                 "--val-fraction", "0", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "prepare",
+                str(tmp_path / "a.txt"),
+                "--out",
+                str(tmp_path / "out"),
+                "--tokenizer",
+                "bytes",
+                "--val-fraction",
+                "0",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert load_split(tmp_path / "out", "train").tolist() == [256, *b"hello"]
 
 
@@ -431,7 +486,7 @@ def batches(loader: BatchLoader, steps: int) -> list[tuple[torch.Tensor, torch.T
 def test_batches_are_int64_rows_of_the_stream_with_y_shifted_by_one(shuffle):
     x, y = BatchLoader(TOKENS, batch_size=4, block_size=8, shuffle=shuffle).next_batch()
     assert x.shape == y.shape == (4, 8) and x.dtype == y.dtype == torch.int64
-    for row_x, row_y in zip(x, y):
+    for row_x, row_y in zip(x, y, strict=True):
         start = int(row_x[0])  # TOKENS[i] == i, so a row's first value is its offset
         assert row_x.tolist() == list(range(start, start + 8))
         assert row_y.tolist() == list(range(start + 1, start + 9))
@@ -441,8 +496,8 @@ def test_shuffled_batches_depend_only_on_the_seed():
     first = batches(BatchLoader(TOKENS, 4, 8, seed=7), 3)
     again = batches(BatchLoader(TOKENS, 4, 8, seed=7), 3)
     other = batches(BatchLoader(TOKENS, 4, 8, seed=8), 3)
-    assert all(torch.equal(a[0], b[0]) for a, b in zip(first, again))
-    assert not all(torch.equal(a[0], b[0]) for a, b in zip(first, other))
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(first, again, strict=True))
+    assert not all(torch.equal(a[0], b[0]) for a, b in zip(first, other, strict=True))
     assert not torch.equal(first[0][0], first[1][0])  # steps differ from each other
 
 
@@ -468,15 +523,18 @@ def test_resuming_from_a_state_dict_continues_exactly(shuffle):
     expected = batches(original, 4)
     resumed = BatchLoader(TOKENS, 4, 8, seed=3, shuffle=shuffle)
     resumed.load_state_dict(state)
-    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(expected, batches(resumed, 4)))
+    assert all(
+        torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(expected, batches(resumed, 4), strict=True)
+    )
 
 
 @pytest.mark.parametrize("shuffle", [True, False])
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_the_union_over_ranks_equals_one_process_with_the_global_batch(shuffle, world_size):
     single = BatchLoader(TOKENS, 2 * world_size, 8, seed=5, shuffle=shuffle)
-    ranks = [BatchLoader(TOKENS, 2, 8, rank=r, world_size=world_size, seed=5, shuffle=shuffle)
-             for r in range(world_size)]
+    ranks = [
+        BatchLoader(TOKENS, 2, 8, rank=r, world_size=world_size, seed=5, shuffle=shuffle) for r in range(world_size)
+    ]
     for _ in range(4):
         x, y = single.next_batch()
         per_rank = [loader.next_batch() for loader in ranks]
@@ -501,17 +559,23 @@ def test_a_state_dict_from_another_configuration_is_refused():
 
 
 def test_data_shorter_than_block_size_plus_one_is_a_clear_error():
-    with pytest.raises(ValueError, match=r"^the split has 8 tokens; need at least block_size\+1 = 9; "
-                                         "use a smaller block size or more data$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^the split has 8 tokens; need at least block_size\+1 = 9; "
+        "use a smaller block size or more data$",
+    ):
         BatchLoader(np.arange(8, dtype=np.uint16), batch_size=1, block_size=8)
     BatchLoader(np.arange(9, dtype=np.uint16), batch_size=1, block_size=8).next_batch()  # exactly enough
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"batch_size": 0}, "batch_size must be a positive integer, got 0"),
-    ({"block_size": -1}, "block_size must be a positive integer"),
-    ({"rank": 2, "world_size": 2}, r"rank must be in \[0, world_size=2\), got 2"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"batch_size": 0}, "batch_size must be a positive integer, got 0"),
+        ({"block_size": -1}, "block_size must be a positive integer"),
+        ({"rank": 2, "world_size": 2}, r"rank must be in \[0, world_size=2\), got 2"),
+    ],
+)
 def test_bad_loader_arguments_are_value_errors(kwargs, message):
     arguments = {"batch_size": 2, "block_size": 8, **kwargs}
     batch_size, block_size = arguments.pop("batch_size"), arguments.pop("block_size")
@@ -525,3 +589,64 @@ def test_loader_reads_a_prepared_split(prepared):
     assert x.shape == (2, 16)
     text = bytes(x[0].tolist()).decode("utf-8", errors="replace")
     assert text in ("hello world, " * 10) * 2
+
+
+# ------------------------------------------------------------------------------------------ stdlib corpus
+
+
+def test_stdlib_corpus_is_library_code_in_a_fixed_order():
+    from gpt2.data.corpus import EXCLUDED_DIRS, stdlib_files, stdlib_root
+
+    files = stdlib_files()
+    root = stdlib_root()
+    assert files == stdlib_files() and len(files) > 100
+    assert all(f.suffix == ".py" and not set(f.relative_to(root).parts[:-1]) & EXCLUDED_DIRS for f in files)
+    subset = stdlib_files(max_bytes=50_000)
+    assert subset == files[: len(subset)]
+    assert sum(f.stat().st_size for f in subset) <= 50_000 or len(subset) == 1
+
+
+def fake_stdlib(root: Path, sizes: list[int]) -> list[Path]:
+    """A stdlib folder whose modules, in stdlib_files' shuffled order, have `sizes` bytes; returns that order."""
+    from gpt2.data.corpus import stdlib_files
+
+    for index in range(len(sizes)):
+        write(root / f"module_{index:02d}.py", "")
+    write(root / "test" / "test_module.py", "x" * 5)  # excluded folders never count
+    order = stdlib_files(root=root)
+    for path, size in zip(order, sizes, strict=True):
+        write(path, "#" * size)
+    return order
+
+
+def test_stdlib_corpus_cut_stops_at_the_first_file_that_does_not_fit(tmp_path):
+    from gpt2.data.corpus import stdlib_files
+
+    order = fake_stdlib(tmp_path, [100, 1000, 10, 10, 10, 10, 10, 10])
+    # the second file does not fit in 150 bytes: the cut ends there, later small files are not picked instead
+    assert stdlib_files(max_bytes=150, root=tmp_path) == order[:1]
+    assert stdlib_files(max_bytes=1100, root=tmp_path) == order[:2]
+    assert stdlib_files(max_bytes=1119, root=tmp_path) == order[:3]
+
+
+def test_stdlib_corpus_cut_is_the_longest_prefix_within_max_bytes_for_every_budget(tmp_path):
+    from gpt2.data.corpus import stdlib_files
+
+    sizes = [30, 500, 7, 120, 64, 1, 300, 45, 90, 12]
+    order = fake_stdlib(tmp_path, sizes)
+    prefix_sums = [sum(sizes[: count + 1]) for count in range(len(sizes))]
+    budgets = sorted({1} | {total + delta for total in prefix_sums for delta in (-1, 0, 1)})  # every boundary
+    for budget in budgets:
+        kept = stdlib_files(max_bytes=budget, root=tmp_path)
+        assert kept == order[: len(kept)], budget
+        assert sum(sizes[: len(kept)]) <= budget or len(kept) == 1, budget
+        assert len(kept) == len(order) or sum(sizes[: len(kept) + 1]) > budget, budget  # the next one won't fit
+
+
+def test_stdlib_corpus_cut_keeps_the_first_file_even_when_it_alone_is_larger(tmp_path):
+    from gpt2.data.corpus import stdlib_files
+
+    order = fake_stdlib(tmp_path, [400, 10, 10])
+    assert stdlib_files(max_bytes=100, root=tmp_path) == order[:1]
+    with pytest.raises(ValueError, match="max_bytes must be positive or None, got 0"):
+        stdlib_files(max_bytes=0, root=tmp_path)

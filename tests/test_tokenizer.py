@@ -6,6 +6,7 @@ The references are independent implementations of the same vocabulary: transform
 
 from __future__ import annotations
 
+import inspect
 import io
 import json
 import random
@@ -14,13 +15,14 @@ from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
-from conftest import shared_file
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import shared_file
 from gpt2 import ByteTokenizer, Tokenizer, train_tokenizer
 from gpt2.cli import main as cli_main
 from gpt2.tokenizer import load_tokenizer
+from gpt2.tokenizer.protocol import TextTokenizer
 from gpt2.tokenizer.reference import GPT2_SPLIT_PATTERN, ReferenceBPE, split_pieces
 
 EDGE_CASES = Path(__file__).parent / "data" / "tokenizer_edge_cases.txt"
@@ -327,6 +329,25 @@ def test_malformed_merge_line_is_named(trained: Tokenizer, tmp_path) -> None:
         load_tokenizer(tmp_path)
 
 
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"model": {"type": "WordPiece"}}, r"tokenizer.json: model type is 'WordPiece'; only byte-level BPE"),
+        ({"pre_tokenizer": {"type": "Whitespace"}}, r"tokenizer.json: the pre-tokenizer is 'Whitespace', not Byte"),
+        (
+            {"pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": True}},
+            r"tokenizer.json: ByteLevel add_prefix_space=true is not GPT-2's behaviour; set it to false",
+        ),
+    ],
+)
+def test_a_tokenizer_json_that_is_not_gpt2_style_bpe_is_one_line_naming_the_file(tmp_path, change, message) -> None:
+    document = {"model": {"type": "BPE", "vocab": {}, "merges": []}, "pre_tokenizer": {"type": "ByteLevel"}}
+    (tmp_path / "tokenizer.json").write_text(json.dumps({**document, **change}))
+    with pytest.raises(ValueError, match=message) as caught:
+        load_tokenizer(tmp_path)
+    assert "\n" not in str(caught.value)
+
+
 def test_merge_whose_result_is_not_in_the_vocabulary_is_refused(trained: Tokenizer) -> None:
     vocab = trained.vocab
     merges = trained.merges
@@ -362,7 +383,7 @@ def test_ids_not_in_merge_order_are_renumbered_for_the_engine(trained, shakespea
     movable = sorted(vocab, key=vocab.__getitem__)[256:]
     new_ids = list(range(256, len(vocab)))
     random.Random(0).shuffle(new_ids)
-    shuffled = {**vocab, **dict(zip(movable, new_ids))}
+    shuffled = {**vocab, **dict(zip(movable, new_ids, strict=True))}
     tok = Tokenizer(shuffled, trained.merges)
     old_to_new = {vocab[symbol]: shuffled[symbol] for symbol in vocab}
     text = shakespeare_text[:50_000] + EOT
@@ -461,11 +482,19 @@ def test_byte_tokenizer_streams_a_split_character() -> None:
     assert [decoder.push(token_id) for token_id in tok.encode("€")] == ["", "", "€"]
 
 
-def test_byte_tokenizer_saves_and_is_recognised_by_from_pretrained(tmp_path) -> None:
+def test_byte_tokenizer_saves_and_is_recognised_by_load_tokenizer(tmp_path) -> None:
     ByteTokenizer().save(tmp_path)
     loaded = load_tokenizer(tmp_path)
     assert isinstance(loaded, ByteTokenizer)
     assert loaded.identity == ByteTokenizer().identity
+
+
+def test_a_byte_tokenizer_file_for_another_tokenizer_is_refused(tmp_path) -> None:
+    ByteTokenizer().save(tmp_path)
+    description = json.loads((tmp_path / "byte_tokenizer.json").read_text())
+    (tmp_path / "byte_tokenizer.json").write_text(json.dumps({**description, "vocab_size": 300}))
+    with pytest.raises(ValueError, match=r"byte_tokenizer.json: describes .* the file is corrupt or newer"):
+        load_tokenizer(tmp_path)
 
 
 @settings(max_examples=200, deadline=None)
@@ -473,6 +502,32 @@ def test_byte_tokenizer_saves_and_is_recognised_by_from_pretrained(tmp_path) -> 
 def test_byte_tokenizer_round_trips(text: str) -> None:
     tok = ByteTokenizer()
     assert tok.decode(tok.encode(text)) == text
+
+
+# ------------------------------------------------------------------------------------------ the interface
+
+
+def protocol_methods() -> list[str]:
+    return sorted(
+        name for name, member in vars(TextTokenizer).items() if callable(member) and not name.startswith("_")
+    ) + ["__len__"]
+
+
+@pytest.mark.parametrize("tokenizer_class", [Tokenizer, ByteTokenizer])
+def test_both_tokenizers_satisfy_the_text_tokenizer_protocol(gpt2_tok, tokenizer_class) -> None:
+    tok = gpt2_tok if tokenizer_class is Tokenizer else ByteTokenizer()
+    assert isinstance(tok, TextTokenizer)
+    assert isinstance(tok.kind, str) and isinstance(tok.identity, str)
+    assert isinstance(tok.eot_token, int) and isinstance(tok.vocab_size, int)
+    for name in protocol_methods():
+        wanted = inspect.signature(getattr(TextTokenizer, name)).parameters
+        actual = inspect.signature(getattr(tokenizer_class, name)).parameters
+        for parameter in wanted.values():  # every argument a caller of the Protocol may pass is accepted alike
+            assert parameter.name in actual, (name, parameter.name)
+            assert actual[parameter.name].kind == parameter.kind, (name, parameter.name)
+            assert actual[parameter.name].default == parameter.default, (name, parameter.name)
+        extra = [p for p in actual.values() if p.name not in wanted and p.default is inspect.Parameter.empty]
+        assert extra == [], (name, extra)  # anything more must be optional
 
 
 # ----------------------------------------------------------------------------------------------------- CLI
@@ -527,6 +582,8 @@ def test_cli_tokenizer_train_writes_a_loadable_tokenizer(tinyshakespeare, tmp_pa
 
 
 def test_cli_tokenizer_train_missing_input_is_one_line(tmp_path) -> None:
-    status, _, err = run_cli(["tokenizer", "train", str(tmp_path / "nope"), "--vocab-size", "512", "--out", str(tmp_path)])
+    status, _, err = run_cli(
+        ["tokenizer", "train", str(tmp_path / "nope"), "--vocab-size", "512", "--out", str(tmp_path)]
+    )
     assert status == 2
     assert "nope" in err and "does not exist" in err

@@ -40,9 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--jsonl-field", default="text", help="field holding the text in JSONL / dataset records")
     parser.add_argument("--val-fraction", type=float, default=0.1, help="tail of the stream kept for val (default 0.1)")
-    parser.add_argument(
-        "--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard file at most"
-    )
+    parser.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS, help="tokens per shard file at most")
     parser.add_argument(
         "--chunk-chars",
         type=int,

@@ -3,6 +3,8 @@
     gpt2 tokenize notes.txt --tokenizer ./gpt2-vocab          # ids, space-separated, one line
     echo "Hello world" | gpt2 tokenize --count               # uses $GPT2_TOKENIZER
     gpt2 tokenizer train Lib/ --pattern '*.py' --vocab-size 8192 --out ./pylib-tokenizer
+
+The tokenizer is read by `gpt2.tokenizer.load_tokenizer` (a directory, a Hub name, or 'bytes').
 """
 
 from __future__ import annotations

@@ -31,10 +31,17 @@ def stdlib_root() -> Path:
 
 def stdlib_files(max_bytes: int | None = None, *, root: Path | None = None) -> list[Path]:
     """The corpus files: *.py under the stdlib, without tests/idlelib/site-packages etc., in a fixed shuffled
-    order. `max_bytes` keeps the first files whose sizes add up to at most that many bytes (at least one file).
+    order.
+
+    `max_bytes` cuts that order: the result is its longest prefix whose file sizes add up to at most `max_bytes`
+    (the first file alone when it is already larger). It stops at the first file that does not fit rather than
+    skipping it for smaller later ones, so a trial with `max_corpus_bytes` trains on the beginning of exactly
+    the stream the full run sees, a larger budget only appends files, and small modules are not over-sampled.
 
     >>> files = stdlib_files(max_bytes=100_000)
-    >>> 0 < sum(f.stat().st_size for f in files) <= 100_000 or len(files) == 1
+    >>> files == stdlib_files()[: len(files)]
+    True
+    >>> sum(f.stat().st_size for f in files) <= 100_000 or len(files) == 1
     True
     """
     if max_bytes is not None and max_bytes <= 0:
@@ -52,13 +59,11 @@ def stdlib_files(max_bytes: int | None = None, *, root: Path | None = None) -> l
     random.Random(FILE_ORDER_SEED).shuffle(files)
     if max_bytes is None:
         return files
-    kept, total = [], 0
+    kept: list[Path] = []
+    total = 0
     for path in files:
-        size = path.stat().st_size
-        if kept and total + size > max_bytes:
-            continue
-        kept.append(path)
-        total += size
-        if total >= max_bytes:
+        total += path.stat().st_size
+        if kept and total > max_bytes:
             break
+        kept.append(path)
     return kept

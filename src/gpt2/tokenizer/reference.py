@@ -16,7 +16,7 @@ This module is deliberately slow and obvious; `gpt2.tokenizer` holds the fast en
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import regex
 
@@ -24,7 +24,7 @@ import regex
 GPT2_SPLIT_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
-@lru_cache(maxsize=None)
+@cache
 def bytes_to_unicode() -> dict[int, str]:
     """Map each byte 0..255 to a printable character, as GPT-2's vocabulary files spell bytes.
 
@@ -42,7 +42,7 @@ def bytes_to_unicode() -> dict[int, str]:
     return mapping
 
 
-@lru_cache(maxsize=None)
+@cache
 def unicode_to_bytes() -> dict[str, int]:
     """The inverse of `bytes_to_unicode`."""
     return {char: byte for byte, char in bytes_to_unicode().items()}
