@@ -11,7 +11,7 @@ import hashlib
 import http.client
 import urllib.request
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from gpt2.runtime.files import atomic_write_bytes
 
@@ -71,3 +71,35 @@ def download_file(url: str, destination: str | Path, *, sha256: str | None = Non
     destination.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(destination, data)
     return destination
+
+
+def iter_hf_dataset(
+    name: str, *, split: str = "train", config: str | None = None, text_field: str = "text"
+) -> Iterator[str]:
+    """The documents (`text_field` of each record) of a Hugging Face dataset, streamed (needs `datasets`, online).
+
+    The only place data preparation reaches the network (`gpt2.data.prepare(..., dataset=NAME)` calls it); a
+    generator, so nothing is fetched, and no error raised, before the first document is asked for.
+    """
+    try:
+        import datasets  # optional dependency: pip install 'gpt2[datasets]'
+    except ImportError as err:
+        raise ValueError(
+            f"reading the Hugging Face dataset {name!r} needs the `datasets` library, which is not installed; "
+            "`pip install 'gpt2[datasets]'`, or download the data and pass local files"
+        ) from err
+    try:
+        records = datasets.load_dataset(name, config, split=split, streaming=True)
+    except Exception as err:  # offline, unknown name, missing config: all end the same way for the caller
+        first_line = str(err).splitlines()[0] if str(err) else "no details"
+        raise ValueError(
+            f"could not load Hugging Face dataset {name!r} (config {config!r}, split {split!r}): "
+            f"{type(err).__name__}: {first_line}; check the name, config, split and the network"
+        ) from err
+    for index, record in enumerate(records):
+        if text_field not in record:
+            raise ValueError(
+                f"record {index} of dataset {name!r} has no field {text_field!r} (fields: {', '.join(record)}); "
+                "choose the text field with --jsonl-field NAME"
+            )
+        yield str(record[text_field])
