@@ -1,0 +1,50 @@
+"""`gpt2 export`: write a model, with its tokenizer, in the files other runtimes read.
+
+    gpt2 export --model out/run1 --format gguf --out run1-f16.gguf            # llama.cpp: llama-cli -m run1-f16.gguf
+    gpt2 export --model gpt2 --format gguf --dtype q8_0 --out gpt2-q8_0.gguf
+    gpt2 export --model out/run1 --format llmc --out llmc/run1.bin            # + llmc/gpt2_tokenizer.bin
+    gpt2 export --model run1.bin --tokenizer gpt2 --format hf --out run1-hf
+
+Formats and dtypes (default first): gguf f16|f32|bf16|q8_0; llmc f32|bf16; hf f32.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from gpt2.api import LLM
+from gpt2.export import FORMATS, export_dtype, export_model
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "export",
+        help="write a model for llama.cpp (GGUF), llm.c or Hugging Face",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--model", required=True, help="model directory, Hub name or llm.c .bin file")
+    parser.add_argument("--tokenizer", help="tokenizer directory or Hub name (default: the one saved with the model)")
+    parser.add_argument("--format", required=True, choices=list(FORMATS), help="what to write")
+    parser.add_argument("--out", required=True, help="file to write (gguf, llmc) or directory (hf)")
+    parser.add_argument("--dtype", help="stored precision (default: f16 for gguf, f32 otherwise)")
+    parser.add_argument("--name", help="model name recorded in the file (gguf; default: the model's folder name)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    dtype = export_dtype(args.format, args.dtype)  # a wrong --dtype is reported before anything is loaded
+    llm = LLM.load(args.model, tokenizer=args.tokenizer, device="cpu")
+    model_path = Path(str(args.model).rstrip("/"))
+    name = args.name or (model_path.stem if model_path.is_file() else model_path.name)
+    result = export_model(llm.model, llm.tokenizer, args.format, args.out, dtype=dtype, name=name)
+    for path in result.paths:
+        print(f"wrote {path} ({result.format}, {result.dtype}, {_size(path)})")
+    return 0
+
+
+def _size(path: Path) -> str:
+    size = sum(item.stat().st_size for item in path.iterdir()) if path.is_dir() else path.stat().st_size
+    return f"{size / 1e6:.1f} MB"

@@ -1,0 +1,89 @@
+"""The export formats in one table, and `export_model`, the one entry point the CLI calls.
+
+| format | writes | dtypes (default first) | read by |
+|---|---|---|---|
+| gguf | one `.gguf` file | f16, f32, bf16, q8_0 | llama.cpp (`llama-cli -m`), anything built on it |
+| llmc | the `.bin` checkpoint + `gpt2_tokenizer.bin` beside it | f32, bf16 | karpathy/llm.c's trainers |
+| hf | a directory: config.json, model.safetensors, tokenizer | f32 | transformers, `gpt2.api.LLM.load` |
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpt2.export.hf import HF_DTYPES, export_hf
+from gpt2.export.llamacpp import GGUF_DTYPES, export_gguf
+from gpt2.export.llmc import LLMC_DTYPES, export_llmc
+from gpt2.model import GPT
+from gpt2.tokenizer.protocol import TextTokenizer
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    name: str
+    dtypes: tuple[str, ...]
+    """The dtypes this format can store, its default first."""
+    description: str
+
+
+FORMATS: dict[str, ExportFormat] = {
+    "gguf": ExportFormat("gguf", ("f16", *(d for d in GGUF_DTYPES if d != "f16")), "llama.cpp's GGUF file"),
+    "llmc": ExportFormat("llmc", LLMC_DTYPES, "karpathy/llm.c's checkpoint and tokenizer files"),
+    "hf": ExportFormat("hf", HF_DTYPES, "Hugging Face directory (safetensors) with the tokenizer"),
+}
+# Other spellings people use for the same dtypes.
+DTYPE_ALIASES = {
+    "float32": "f32", "fp32": "f32", "float16": "f16", "fp16": "f16", "half": "f16", "bfloat16": "bf16",
+}  # fmt: skip
+
+
+def export_dtype(format: str, dtype: str | None = None) -> str:
+    """The dtype `format` will be written in: `dtype` in its canonical spelling, or the format's default.
+
+    >>> export_dtype("llmc", "bfloat16")
+    'bf16'
+    >>> export_dtype("gguf")
+    'f16'
+    """
+    if format not in FORMATS:
+        raise ValueError(f"unknown export format {format!r}; choose one of {', '.join(FORMATS)}")
+    allowed = FORMATS[format].dtypes
+    if dtype is None:
+        return allowed[0]
+    canonical = DTYPE_ALIASES.get(dtype.lower(), dtype.lower())
+    if canonical not in allowed:
+        raise ValueError(f"--dtype {dtype} is not available for --format {format}; choose one of {', '.join(allowed)}")
+    return canonical
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What `export_model` wrote."""
+
+    format: str
+    dtype: str
+    paths: tuple[Path, ...]
+
+
+def export_model(
+    model: GPT,
+    tokenizer: TextTokenizer,
+    format: str,
+    out: str | os.PathLike[str],
+    *,
+    dtype: str | None = None,
+    name: str | None = None,
+) -> ExportResult:
+    """Write `model` with its tokenizer in `format` ('gguf', 'llmc' or 'hf') at `out` (a file for gguf and llmc,
+    a directory for hf). dtype: see `FORMATS` (None: the format's default). name: the model's name where the
+    format records one (GGUF's general.name). Nothing half-written is ever left at `out`."""
+    dtype = export_dtype(format, dtype)
+    if format == "gguf":
+        paths = [export_gguf(model, tokenizer, out, dtype=dtype, name=name)]
+    elif format == "llmc":
+        paths = export_llmc(model, out, dtype=dtype, tokenizer=tokenizer)
+    else:
+        paths = [export_hf(model, tokenizer, out)]
+    return ExportResult(format, dtype, tuple(paths))

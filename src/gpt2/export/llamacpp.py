@@ -1,0 +1,209 @@
+"""GGUF, the file llama.cpp runs: our GPT-2 as llama.cpp's `gpt2` architecture loads it.
+
+What goes in, as llama.cpp's own converter (convert_hf_to_gguf.py) writes a GPT2LMHeadModel:
+
+- metadata: `general.architecture = gpt2`, `general.type`, `general.name`, `general.size_label`,
+  `gpt2.{block_count, context_length, embedding_length, feed_forward_length, attention.head_count,
+  attention.layer_norm_epsilon}`, `general.file_type`, `general.quantization_version`;
+- the tokenizer: `tokenizer.ggml.model = gpt2` (byte-level BPE), `pre = gpt-2` (GPT-2's split pattern), the
+  tokens spelled in GPT-2's printable byte alphabet (as in vocab.json), their types (special tokens CONTROL,
+  ids the tokenizer lacks `[PAD{id}]` UNUSED), the merges as "left right", and bos = eos = unknown = <|endoftext|>;
+- the tensors under llama.cpp's names (`TENSOR_NAMES`). A GGUF tensor stored as a numpy array (out, in) is
+  ggml's {in, out}: exactly nn.Linear's [out, in], so our weights go in untransposed.
+
+Types: f32 writes everything as F32. f16, bf16 and q8_0 convert the 2-D weights and the token embedding; biases,
+norms (1-D) and the position embedding stay F32, as the converter keeps them (llama.cpp's kernels expect
+that). q8_0 needs rows that are a multiple of 32 values; a weight whose rows are not falls back to F16, as
+in the converter.
+
+Needs the `gguf` package (llama.cpp's own reader/writer): `pip install gguf`.
+
+>>> export_gguf(model, tokenizer, "gpt2-f16.gguf", dtype="f16")      # doctest: +SKIP
+PosixPath('gpt2-f16.gguf')
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpt2.export.common import atomic_output, check_tokenizer_fits, float32_tensors, unwrap
+from gpt2.model import GPT
+from gpt2.tokenizer import Tokenizer
+from gpt2.tokenizer.protocol import TextTokenizer
+
+ARCHITECTURE = "gpt2"
+GGUF_DTYPES = ("f32", "f16", "bf16", "q8_0")
+
+# Our names -> llama.cpp's (llama-arch.cpp, LLM_ARCH_GPT2). Block tensors: transformer.h.{i}.X -> blk.{i}.Y.
+TENSOR_NAMES = {
+    "transformer.wte.weight": "token_embd.weight",
+    "transformer.wpe.weight": "position_embd.weight",
+    "transformer.ln_f.weight": "output_norm.weight",
+    "transformer.ln_f.bias": "output_norm.bias",
+    "lm_head.weight": "output.weight",  # written only when the head is not tied to wte
+}
+BLOCK_TENSOR_NAMES = {
+    "ln_1": "attn_norm",
+    "attn.c_attn": "attn_qkv",
+    "attn.c_proj": "attn_output",
+    "ln_2": "ffn_norm",
+    "mlp.c_fc": "ffn_up",
+    "mlp.c_proj": "ffn_down",
+}
+# Tensors that stay F32 whatever the file type (besides every 1-D tensor): llama.cpp's converter keeps them so.
+ALWAYS_F32 = ("position_embd.weight",)
+
+
+def gguf_tensor_name(name: str) -> str:
+    """Our parameter name -> llama.cpp's: `transformer.h.3.mlp.c_fc.weight` -> `blk.3.ffn_up.weight`."""
+    if name in TENSOR_NAMES:
+        return TENSOR_NAMES[name]
+    parts = name.split(".")
+    if parts[:2] == ["transformer", "h"] and len(parts) >= 5:
+        module, leaf = ".".join(parts[3:-1]), parts[-1]
+        if module in BLOCK_TENSOR_NAMES:
+            return f"blk.{parts[2]}.{BLOCK_TENSOR_NAMES[module]}.{leaf}"
+    raise ValueError(f"tensor {name!r} has no place in llama.cpp's GPT-2 layout")
+
+
+def _gguf() -> Any:
+    try:
+        import gguf
+    except ModuleNotFoundError as err:
+        raise ModuleNotFoundError(
+            "GGUF export needs the gguf package (llama.cpp's file library): pip install gguf"
+        ) from err
+    return gguf
+
+
+def _file_types(gguf: Any) -> dict[str, tuple[Any, Any]]:
+    """dtype name -> (general.file_type, the type given to quantizable tensors)."""
+    file_type, quant = gguf.LlamaFileType, gguf.GGMLQuantizationType
+    return {
+        "f32": (file_type.ALL_F32, quant.F32),
+        "f16": (file_type.MOSTLY_F16, quant.F16),
+        "bf16": (file_type.MOSTLY_BF16, quant.BF16),
+        "q8_0": (file_type.MOSTLY_Q8_0, quant.Q8_0),
+    }
+
+
+def gguf_vocabulary(tokenizer: TextTokenizer, vocab_size: int) -> tuple[list[str], list[int], list[str]]:
+    """(tokens, token types, merges) for `vocab_size` ids, as llama.cpp's `gpt2` tokenizer reads them."""
+    if not isinstance(tokenizer, Tokenizer):
+        raise ValueError(
+            f"GGUF export needs a byte-level BPE tokenizer (llama.cpp's 'gpt2' tokenizer); this model uses the "
+            f"{getattr(tokenizer, 'kind', type(tokenizer).__name__)!r} tokenizer, which llama.cpp cannot express "
+            "(export it with --format llmc or hf instead)"
+        )
+    gguf = _gguf()
+    symbol_of_id = {token_id: symbol for symbol, token_id in tokenizer.vocab.items()}
+    tokens: list[str] = []
+    types: list[int] = []
+    for token_id in range(vocab_size):
+        symbol = symbol_of_id.get(token_id)
+        if symbol is None:  # a model wider than its tokenizer: rows no text ever produces
+            tokens.append(f"[PAD{token_id}]")
+            types.append(int(gguf.TokenType.UNUSED))
+        else:
+            tokens.append(symbol)
+            is_special = symbol in tokenizer.special_tokens
+            types.append(int(gguf.TokenType.CONTROL if is_special else gguf.TokenType.NORMAL))
+    merges = [f"{left} {right}" for left, right in tokenizer.merges]
+    if not merges:
+        raise ValueError("the tokenizer has no merges; llama.cpp's 'gpt2' tokenizer needs at least one")
+    return tokens, types, merges
+
+
+def export_gguf(
+    model: GPT,
+    tokenizer: TextTokenizer,
+    path: str | os.PathLike[str],
+    *,
+    dtype: str = "f16",
+    name: str | None = None,
+) -> Path:
+    """Write `model` and its tokenizer as one GGUF file llama.cpp loads (`llama-cli -m PATH`).
+
+    dtype: 'f32', 'f16', 'bf16' or 'q8_0' (see the module docstring for which tensors it applies to).
+    name: `general.name` (default: the file's stem). The file appears only once complete.
+    """
+    if dtype not in GGUF_DTYPES:
+        raise ValueError(f"GGUF dtype {dtype!r} is not supported; choose one of {', '.join(GGUF_DTYPES)}")
+    gguf = _gguf()
+    model = unwrap(model)
+    check_tokenizer_fits(model, tokenizer)
+    config = model.config
+    path = Path(path)
+    tokens, token_types, merges = gguf_vocabulary(tokenizer, config.vocab_size)
+    file_type, wanted = _file_types(gguf)[dtype]
+
+    writer = gguf.GGUFWriter(None, ARCHITECTURE)
+    for our_name, array in _llamacpp_order(float32_tensors(model)):
+        gguf_name = gguf_tensor_name(our_name)
+        qtype = wanted
+        if array.ndim <= 1 or gguf_name.endswith("_norm.weight") or gguf_name in ALWAYS_F32:
+            qtype = gguf.GGMLQuantizationType.F32
+        try:
+            data = gguf.quants.quantize(array, qtype)
+        except gguf.QuantError:  # q8_0 on rows that are not whole 32-value blocks
+            qtype = gguf.GGMLQuantizationType.F16
+            data = gguf.quants.quantize(array, qtype)
+        writer.add_tensor(gguf_name, data, raw_dtype=qtype)
+
+    # metadata in the order llama.cpp's converter writes it
+    writer.add_type(gguf.GGUFType.MODEL)
+    writer.add_name(name or path.stem)
+    writer.add_size_label(gguf.size_label(*writer.get_total_parameter_count()))
+    writer.add_block_count(config.n_layer)
+    writer.add_context_length(config.block_size)
+    writer.add_embedding_length(config.n_embd)
+    writer.add_feed_forward_length(4 * config.n_embd)  # GPT-2's MLP is 4x the width
+    writer.add_head_count(config.n_head)
+    writer.add_layer_norm_eps(config.layer_norm_eps)
+    writer.add_file_type(file_type)
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(token_types)
+    writer.add_token_merges(merges)
+    try:
+        eot = tokenizer.eot_token
+    except ValueError:
+        eot = None  # a tokenizer without <|endoftext|>: llama.cpp then has no bos/eos
+    if eot is not None:
+        writer.add_bos_token_id(eot)
+        writer.add_eos_token_id(eot)
+        writer.add_unk_token_id(eot)
+
+    with atomic_output(path) as temporary:
+        try:
+            writer.write_header_to_file(temporary)
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+        finally:
+            writer.close()
+    return path
+
+
+def _llamacpp_order(arrays: dict[str, np.ndarray]) -> list[tuple[str, np.ndarray]]:
+    """Embeddings, then block by block, then the final norm (and an untied head): the order llama.cpp creates
+    them in, which makes a file easy to read in a dump."""
+    n_layer = 1 + max((int(name.split(".")[2]) for name in arrays if name.startswith("transformer.h.")), default=-1)
+    head = ["transformer.wte.weight", "transformer.wpe.weight"]
+    blocks = [
+        f"transformer.h.{layer}.{module}.{leaf}"
+        for layer in range(n_layer)
+        for module in BLOCK_TENSOR_NAMES
+        for leaf in ("weight", "bias")
+    ]
+    tail = ["transformer.ln_f.weight", "transformer.ln_f.bias", "lm_head.weight"]
+    ordered = [name for name in head + blocks + tail if name in arrays]
+    leftovers = sorted(set(arrays) - set(ordered))
+    if leftovers:
+        raise ValueError(f"tensors {leftovers} have no place in llama.cpp's GPT-2 layout")
+    return [(name, arrays[name]) for name in ordered]
