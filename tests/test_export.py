@@ -370,3 +370,9 @@ def test_cli_model_tokenizer_mismatch_is_one_line(fixtures_dir, gguf_tiny, tmp_p
     assert code == 2
     assert captured.err.count("\n") == 1 and "the tokenizer has 50257 tokens but the model only 512" in captured.err
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_llmc_refuses_to_write_the_model_over_its_tokenizer_file(fixtures_dir, tmp_path):
+    with pytest.raises(ValueError, match="where llm.c's tokenizer file goes"):
+        export_llmc(load_model(fixtures_dir / "hf-tiny"), tmp_path / "gpt2_tokenizer.bin", tokenizer=ByteTokenizer())
+    assert list(tmp_path.iterdir()) == []

@@ -93,6 +93,9 @@ def export_llmc(
                   config.n_head, config.n_embd, padded]  # fmt: skip
 
     path = Path(path)
+    tokenizer_path = Path(tokenizer_path or path.parent / TOKENIZER_FILE)
+    if tokenizer is not None and tokenizer_path.resolve() == path.resolve():
+        raise ValueError(f"--out {path} is where llm.c's tokenizer file goes; name the model file otherwise")
     written = [path]
     with atomic_output(path) as temporary, open(temporary, "wb") as file:
         file.write(header.tobytes())
@@ -104,7 +107,7 @@ def export_llmc(
         _write_array(file, arrays["transformer.ln_f.weight"], dtype)
         _write_array(file, arrays["transformer.ln_f.bias"], dtype)
     if tokenizer is not None:
-        written.append(write_llmc_tokenizer(tokenizer, tokenizer_path or path.parent / TOKENIZER_FILE))
+        written.append(write_llmc_tokenizer(tokenizer, tokenizer_path))
     return written
 
 
