@@ -29,7 +29,7 @@ class ExportFormat:
 
 
 FORMATS: dict[str, ExportFormat] = {
-    "gguf": ExportFormat("gguf", ("f16", *(d for d in GGUF_DTYPES if d != "f16")), "llama.cpp's GGUF file"),
+    "gguf": ExportFormat("gguf", GGUF_DTYPES, "llama.cpp's GGUF file"),
     "llmc": ExportFormat("llmc", LLMC_DTYPES, "karpathy/llm.c's checkpoint and tokenizer files"),
     "hf": ExportFormat("hf", HF_DTYPES, "Hugging Face directory (safetensors) with the tokenizer"),
 }

@@ -36,7 +36,7 @@ from gpt2.tokenizer import Tokenizer
 from gpt2.tokenizer.protocol import TextTokenizer
 
 ARCHITECTURE = "gpt2"
-GGUF_DTYPES = ("f32", "f16", "bf16", "q8_0")
+GGUF_DTYPES = ("f16", "f32", "bf16", "q8_0")  # the converter's default first
 
 # Our names -> llama.cpp's (llama-arch.cpp, LLM_ARCH_GPT2). Block tensors: transformer.h.{i}.X -> blk.{i}.Y.
 TENSOR_NAMES = {
