@@ -2,7 +2,9 @@
 
 A step is forward + backward + AdamW (weight decay on 2-D tensors, as gpt2.train builds it for both models).
 Runs are interleaved (ours, theirs, ours, ...) so a machine shared with other work slows both alike; the
-median over repeats is reported, with ours/theirs ratios. Also times AdamW alone (for-loop / foreach / fused).
+median over repeats is reported, with ours/theirs ratios. "ours+Trainer" is the whole `Trainer.train_step` that
+`gpt2 train` runs (LR, micro-step, gradient clipping, AdamW, zero, sync) on the same batch, so the loop's cost
+over the bare step shows. Also times AdamW alone (for-loop / foreach / fused).
 
     python benchmarks/bench_train.py                       # both shapes, fp32 and bf16 autocast
     python benchmarks/bench_train.py --shape small --repeats 20
@@ -12,16 +14,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
+import tempfile
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from gpt2.config import GPTConfig
 from gpt2.model import GPT
 from gpt2.runtime.device import autocast
-from gpt2.train import configure_optimizer
+from gpt2.train import Trainer, configure_optimizer
 from gpt2.train.config import TrainConfig
 
 SHAPES = {
@@ -62,14 +66,51 @@ def make_step(model: torch.nn.Module, hf: bool, dtype: torch.dtype, impl: str) -
     return step
 
 
+class FixedBatch:
+    """A batch source that returns the (x, y) of the sequences it was last given."""
+
+    def __init__(self) -> None:
+        self.batch: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def give(self, tokens: torch.Tensor) -> None:
+        self.batch = (tokens[:, :-1], tokens[:, 1:])
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.batch is not None
+        return self.batch
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def make_trainer_step(config: GPTConfig, dtype: torch.dtype, impl: str, out_dir: str) -> Callable[[torch.Tensor], dict]:
+    """Trainer.train_step as `gpt2 train` runs it (metrics lines off: log_interval beyond the run)."""
+    model = GPT(config).train()
+    settings = TrainConfig(optimizer_impl=impl, dtype=str(dtype).removeprefix("torch."), device="cpu",
+                           max_steps=10**6, log_interval=10**6, out_dir=out_dir)  # fmt: skip
+    batches = FixedBatch()
+    trainer = Trainer(model, configure_optimizer(model, settings, CPU), settings, batches)
+
+    def step(x: torch.Tensor) -> dict[str, float]:
+        batches.give(x)
+        return {"step": trainer.train_step().seconds}
+
+    return step
+
+
 def bench_shape(name: str, dtypes: list[torch.dtype], impl: str, repeats: int, warmup: int) -> list[dict]:
     config, B, T = SHAPES[name]
     torch.manual_seed(0)
     x = torch.randint(0, config.vocab_size, (B, T + 1))  # ours reads x[:, :-1] -> x[:, 1:]; HF shifts inside
     variants = {}
+    out_dir = tempfile.mkdtemp(prefix="bench_train-")  # the Trainer's out_dir: nothing is written there
     for dtype in dtypes:
         label = str(dtype).removeprefix("torch.")
         variants[f"ours/{label}"] = make_step(GPT(config).train(), False, dtype, impl)
+        variants[f"ours+Trainer/{label}"] = make_trainer_step(config, dtype, impl, out_dir)
         variants[f"transformers/{label}"] = make_step(hf_model(config), True, dtype, impl)
     # transformers as people run it on a CPU: fp32 and torch.optim.AdamW's default (the per-tensor loop on CPU)
     variants[DEFAULTS_HF] = make_step(hf_model(config), True, torch.float32, "for-loop")
@@ -79,6 +120,7 @@ def bench_shape(name: str, dtypes: list[torch.dtype], impl: str, repeats: int, w
             t = step(x[:, :T] if "transformers" in key else x)
             if i >= warmup:
                 times[key].append(t)
+    shutil.rmtree(out_dir)
     rows = []
     tokens = B * T
     for key, samples in times.items():
@@ -95,6 +137,8 @@ def bench_shape(name: str, dtypes: list[torch.dtype], impl: str, repeats: int, w
         ours["speedup_vs_transformers_same_dtype"] = round(ours["tokens_per_s"] / theirs["tokens_per_s"], 2)
         default = next(r for r in rows if r["variant"] == DEFAULTS_HF)
         ours["speedup_vs_transformers_fp32_default_adamw"] = round(ours["tokens_per_s"] / default["tokens_per_s"], 2)
+        trainer = next(r for r in rows if r["variant"] == f"ours+Trainer/{label}")
+        trainer["trainer_vs_bare_step"] = round(trainer["tokens_per_s"] / ours["tokens_per_s"], 3)
     return rows
 
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_train import read_weights, tiny_config
 
 from gpt2.train import train
 from gpt2.train.config import TrainConfig
+from test_train import read_weights, tiny_config
 
 pytestmark = pytest.mark.slow
 WORLD_SIZE = 2

@@ -22,20 +22,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="train a model (default: the built-in 'stdlib' preset, a few CPU minutes)",
         description=(
             "Train a GPT-2 model. CONFIG is a preset name or a TOML file of training config keys (flat; "
-            "`preset = \"NAME\"` starts from a preset). --set KEY=VALUE overrides any key; the value is read as "
-            "TOML (200, 3e-4, true, \"text\") or else as a plain string (cpu, out/run1). "
+            '`preset = "NAME"` starts from a preset). --set KEY=VALUE overrides any key; the value is read as '
+            'TOML (200, 3e-4, true, "text") or else as a plain string (cpu, out/run1). '
             f"Presets: {', '.join(PRESETS)}. Keys: see --print-config."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("config", nargs="?", default="stdlib", metavar="CONFIG",
                         help="preset name or TOML file (default: stdlib)")  # fmt: skip
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config key (repeatable), e.g. --set max_steps=200 --set device=cpu")  # fmt: skip
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a config key (repeatable), e.g. --set max_steps=200 --set device=cpu",
+    )  # fmt: skip
     parser.add_argument("--out-dir", help="output directory (same as --set out_dir=DIR)")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the out dir")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="start from scratch, deleting the checkpoints of an earlier run in the out dir")  # fmt: skip
+    parser.add_argument(
+        "--overwrite", action="store_true",
+        help="start from scratch, deleting the checkpoints of an earlier run in the out dir",
+    )  # fmt: skip
     parser.add_argument("--stop-at-step", type=int, metavar="N",
                         help="save and stop after step N (the LR schedule still runs to max_steps)")  # fmt: skip
     parser.add_argument("--print-config", action="store_true", help="print the resolved config as TOML and exit")

@@ -1,6 +1,6 @@
 """Training-state checkpoints: a run's folder of resumable states, written so a crash never leaves half of one.
 
-OUT/checkpoints/step_00000100/ holds the model (HF format, `GPT.from_pretrained` reads it) and tokenizer files,
+OUT/checkpoints/step_00000100/ holds the model (HF format, `gpt2.weights.load_model` reads it) and tokenizer files,
 `train_state.pt` (optimizer, step, RNG states, data position: plain tensors and containers, read back with
 `torch.load(weights_only=True)`, so a crafted pickle is refused, never run) and `train_config.json`. Each is
 written into a hidden temporary folder and renamed into place, so a folder named step_* is always complete.
@@ -17,7 +17,9 @@ from typing import Any
 import torch
 
 from gpt2.model import GPT
+from gpt2.tokenizer import TextTokenizer
 from gpt2.train.config import TrainConfig
+from gpt2.weights import config_from_hf, load_hf_state_dict, read_hf_state_dict, save_pretrained
 
 TRAIN_STATE_FILE = "train_state.pt"
 TRAIN_CONFIG_FILE = "train_config.json"
@@ -37,6 +39,7 @@ def checkpoint_dirs(out_dir: str | os.PathLike[str]) -> list[Path]:
 
 
 def latest_checkpoint(out_dir: str | os.PathLike[str]) -> Path | None:
+    """The newest complete checkpoint folder of a run, or None."""
     found = checkpoint_dirs(out_dir)
     return found[-1] if found else None
 
@@ -45,15 +48,13 @@ def save_checkpoint(
     out_dir: Path,
     step: int,
     model: GPT,
-    tokenizer: Any,
+    tokenizer: TextTokenizer | None,
     state: dict[str, Any],
     config: TrainConfig,
     keep: int,
 ) -> Path:
     """Write OUT/checkpoints/step_N atomically (a temporary folder renamed into place), drop all but the last
     `keep`, then refresh the top-level model and tokenizer in OUT. `state` holds plain tensors and containers."""
-    from gpt2.weights import save_pretrained
-
     root = out_dir / CHECKPOINTS_DIR
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{CHECKPOINT_PREFIX}{step:08d}"
@@ -62,7 +63,8 @@ def save_checkpoint(
         shutil.rmtree(tmp)
     try:
         save_pretrained(model, tmp)
-        tokenizer.save(tmp)
+        if tokenizer is not None:
+            tokenizer.save(tmp)
         (tmp / TRAIN_CONFIG_FILE).write_text(json.dumps(config.to_dict(), indent=1) + "\n")
         with open(tmp / TRAIN_STATE_FILE, "wb") as f:
             torch.save(state, f)
@@ -80,7 +82,8 @@ def save_checkpoint(
     for old in checkpoint_dirs(out_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     save_pretrained(model, out_dir)  # the latest weights at the top level, for `gpt2 sample --model OUT`
-    tokenizer.save(out_dir)
+    if tokenizer is not None:
+        tokenizer.save(out_dir)
     return final
 
 
@@ -93,7 +96,9 @@ def load_train_state(checkpoint_dir: Path) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # UnpicklingError for a disallowed global, or a corrupt file
-        raise ValueError(f"{path} is not a plain training state and was refused (nothing in it was run): {err}") from err
+        raise ValueError(
+            f"{path} is not a plain training state and was refused (nothing in it was run): {err}"
+        ) from err
     if not isinstance(state, dict) or state.get("format") != TRAIN_STATE_FORMAT:
         raise ValueError(f"{path} is not a {TRAIN_STATE_FORMAT} file")
     if state.get("version") != TRAIN_STATE_VERSION:
@@ -103,8 +108,6 @@ def load_train_state(checkpoint_dir: Path) -> dict[str, Any]:
 
 def load_checkpoint_weights(model: GPT, checkpoint_dir: Path) -> None:
     """Copy the checkpoint's model.safetensors into `model`, refusing a different model shape."""
-    from gpt2.weights import config_from_hf, load_hf_state_dict, read_hf_state_dict
-
     saved = config_from_hf(json.loads((checkpoint_dir / "config.json").read_text()))
     ours = model.config
     for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -117,6 +120,7 @@ def load_checkpoint_weights(model: GPT, checkpoint_dir: Path) -> None:
 
 
 def rng_state(device: torch.device) -> dict[str, Any]:
+    """The global torch generators (CPU, and `device`'s on CUDA), for `set_rng_state`."""
     state: dict[str, Any] = {"torch": torch.get_rng_state()}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)

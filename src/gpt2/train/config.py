@@ -10,16 +10,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI
-    import tomli as tomllib
+else:  # Python 3.10: the same parser, from PyPI
+    import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
 
 from gpt2.config import PRESETS as MODEL_PRESETS
 from gpt2.config import GPTConfig
@@ -183,7 +184,7 @@ class TrainConfig:
         return [field.name for field in dataclasses.fields(cls)]
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
         """A config from plain values; an unknown key is a ValueError that lists the valid ones."""
         unknown = sorted(set(values) - set(cls.field_names()))
         if unknown:
@@ -191,14 +192,14 @@ class TrainConfig:
         return cls(**values)
 
     @classmethod
-    def from_name(cls, name: str, **overrides: Any) -> "TrainConfig":
+    def from_name(cls, name: str, **overrides: Any) -> TrainConfig:
         """A preset by name, with optional field overrides: `TrainConfig.from_name("stdlib", max_steps=50)`."""
         if name not in PRESETS:
             raise ValueError(f"unknown training preset {name!r}; choose one of: {', '.join(PRESETS)}")
         return cls.from_dict({**PRESETS[name].to_dict(), **overrides})
 
     @classmethod
-    def from_toml(cls, path: str | os.PathLike[str], **overrides: Any) -> "TrainConfig":
+    def from_toml(cls, path: str | os.PathLike[str], **overrides: Any) -> TrainConfig:
         """Read a TOML file of config keys (optionally `preset = "name"` as the starting point), then apply
         `overrides`. Unknown keys are an error listing the valid ones."""
         path = Path(path)
@@ -215,7 +216,7 @@ class TrainConfig:
         base = PRESETS[_check_preset(preset)].to_dict() if preset is not None else {}
         return cls.from_dict({**base, **values, **overrides})
 
-    def replace(self, **changes: Any) -> "TrainConfig":
+    def replace(self, **changes: Any) -> TrainConfig:
         return self.from_dict({**self.to_dict(), **changes})
 
     def to_dict(self) -> dict[str, Any]:

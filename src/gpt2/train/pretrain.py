@@ -1,0 +1,182 @@
+"""Pretraining: `train(config)` prepares the tokenizer and data, builds a GPT, its optimizer and next-token
+batch loaders, hands them to a `Trainer`, runs it, and samples from the result.
+
+    >>> config = TrainConfig.from_name("stdlib", max_steps=10, out_dir="out/try")   # doctest: +SKIP
+    >>> result = train(config)                                                       # doctest: +SKIP
+
+Output directory layout (OUT = config.out_dir):
+
+- OUT/config.json, OUT/model.safetensors and the tokenizer files: the latest weights, so `load_model(OUT)`
+  and `gpt2 sample --model OUT` work during and after training.
+- OUT/checkpoints/step_00000100/: the same model + tokenizer files plus `train_state.pt` (optimizer, step, RNG
+  states, data position; plain tensors and containers, read back with `torch.load(weights_only=True)`) and
+  `train_config.json`. Each is written into a hidden temporary folder and renamed into place, so a folder
+  named step_* is always complete; the last `keep_checkpoints` are kept.
+- OUT/metrics.jsonl (one JSON object per logged step or evaluation), OUT/loss.png (train and val curves).
+- OUT/data/: the tokenized corpus and the tokenizer trained for it (reused by later runs with the same data).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gpt2.data import BatchLoader, load_split
+from gpt2.data.cache import DataSpec, prepare_data
+from gpt2.eval import evaluate_hellaswag
+from gpt2.inference import generate
+from gpt2.model import GPT
+from gpt2.runtime.device import resolve_device
+from gpt2.tokenizer import TextTokenizer
+from gpt2.train.checkpoint import CHECKPOINTS_DIR, latest_checkpoint
+from gpt2.train.config import TrainConfig
+from gpt2.train.distributed import Distributed, barrier, distributed_from_env, full_model, process_group, shard
+from gpt2.train.optimizer import configure_optimizer
+from gpt2.train.trainer import Evaluation, Trainer, TrainResult, accumulation_steps
+
+DATA_DIR = "data"
+EVAL_SEED_OFFSET = 1_000_003  # the val loader's seed is config.seed + this, so it never shares the train stream
+
+
+def train(
+    config: TrainConfig,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    stop_at_step: int | None = None,
+    progress: bool = False,
+    log: Callable[[str], None] | None = None,
+) -> TrainResult:
+    """Train as `config` says, writing checkpoints, metrics and the loss plot into config.out_dir.
+
+    resume: continue from the latest checkpoint in out_dir (exactly: same losses and weights as an
+    uninterrupted run on CPU). overwrite: start from scratch even though out_dir holds checkpoints of another
+    run (they are deleted); without it that is a FileExistsError. stop_at_step: save and return after this
+    step although the schedule runs to max_steps (to split a run into pieces). progress: show a progress bar.
+    log: receives status lines. Under torchrun this runs data-parallel (config.parallel); only rank 0 logs and
+    writes. Raises TrainingDiverged on a non-finite loss (the last good checkpoint is left as it was).
+    """
+    dist = distributed_from_env()
+    device = resolve_device(config.device, dist.local_rank)
+    with process_group(dist, device):
+        say = log if (log is not None and dist.is_main) else (lambda message: None)
+        out_dir = Path(config.out_dir)
+        checkpoint = _previous_run(out_dir, resume, overwrite, dist)
+
+        # data: rank 0 tokenizes (once per out_dir), the others wait and then read the same folder
+        tokenizer, data_dir = _prepare_data(config, out_dir / DATA_DIR, dist, progress)
+        model_config = config.model_config(tokenizer.vocab_size)
+        B, T = config.batch_size, model_config.block_size
+        train_tokens, val_tokens = _load_splits(config, data_dir, T)
+        grad_accum = accumulation_steps(config, B * T, dist.world_size)
+        if config.hellaswag_file and not Path(config.hellaswag_file).is_file():
+            raise FileNotFoundError(
+                f"hellaswag_file {config.hellaswag_file!r} does not exist; pass a HellaSwag JSONL file or leave it "
+                "unset"
+            )
+
+        torch.manual_seed(config.seed)  # the same initial weights on every rank
+        model = GPT(model_config).to(device)
+        if dist.enabled and config.parallel == "fsdp":
+            shard(model)
+        trainer = Trainer(
+            model, configure_optimizer(model, config, device), config,
+            BatchLoader(train_tokens, B, T, rank=dist.rank, world_size=dist.world_size, seed=config.seed),
+            val_batches=lambda: BatchLoader(val_tokens, B, T, rank=dist.rank, world_size=dist.world_size,
+                                            seed=config.seed + EVAL_SEED_OFFSET),
+            tokenizer=tokenizer, device=device, dist=dist, grad_accum_steps=grad_accum, end_step=stop_at_step,
+            evaluations=[hellaswag_evaluation(config, tokenizer, say)] if config.hellaswag_file else [], log=say,
+        )  # fmt: skip
+        if checkpoint is not None:
+            trainer.resume(checkpoint)
+            if trainer.step >= config.max_steps:
+                raise ValueError(
+                    f"nothing to do: the checkpoint in {out_dir} is at step {trainer.step} and "
+                    f"max_steps={config.max_steps}; raise max_steps to train further"
+                )
+        dtype_name = str(trainer.dtype).removeprefix("torch.")
+        say(
+            f"training {model.num_parameters():,} parameters on {device} ({dtype_name}), "
+            f"world size {dist.world_size}: {len(train_tokens):,} train / {len(val_tokens):,} val tokens, "
+            f"{B * T * grad_accum * dist.world_size:,} tokens per step (batch {B} x {T} x accum {grad_accum} x "
+            f"{dist.world_size})" + (f"; resuming from {checkpoint}" if checkpoint is not None else "")
+        )
+        result = trainer.fit(progress=progress)
+        if config.sample_tokens and not result.interrupted:
+            sample_model = full_model(model) if trainer.sharded else model  # under FSDP every rank joins the gather
+            if dist.is_main:
+                result.sample = sample_text(sample_model, tokenizer, config)
+        return result
+
+
+def sample_text(model: GPT, tokenizer: TextTokenizer, config: TrainConfig) -> str:
+    """Continue config.sample_prompt by config.sample_tokens tokens (seeded) and decode prompt + continuation."""
+    ids = tokenizer.encode(config.sample_prompt) or [tokenizer.eot_token]
+    idx = torch.tensor([ids], dtype=torch.long, device=next(model.parameters()).device)
+    model.eval()
+    out = generate(model, idx, config.sample_tokens, temperature=config.sample_temperature,
+                   top_k=config.sample_top_k, seed=config.seed)  # fmt: skip
+    return tokenizer.decode(out[0].tolist())
+
+
+def hellaswag_evaluation(config: TrainConfig, tokenizer: TextTokenizer, say: Callable[[str], None]) -> Evaluation:
+    """HellaSwag accuracy on config.hellaswag_file, as a Trainer evaluation (every rank computes the same
+    numbers; under FSDP every rank must take part in the forward passes)."""
+
+    def evaluate(model: torch.nn.Module, step: int) -> dict[str, float]:
+        assert isinstance(model, GPT), "pretraining trains a GPT"
+        result = evaluate_hellaswag(model, tokenizer, config.hellaswag_file, limit=config.hellaswag_limit)
+        say(f"step {step}: HellaSwag acc_norm {result['acc_norm']:.4f} ({result['num_examples']} examples)")
+        return {"hellaswag_acc": result["acc"], "hellaswag_acc_norm": result["acc_norm"]}
+
+    return evaluate
+
+
+def _previous_run(out_dir: Path, resume: bool, overwrite: bool, dist: Distributed) -> Path | None:
+    """The checkpoint to resume from (None for a fresh run); refuses to start over a run unless told to."""
+    latest = latest_checkpoint(out_dir)
+    if resume:
+        if latest is None:
+            raise FileNotFoundError(f"--resume: no checkpoint in {out_dir / CHECKPOINTS_DIR}; start without --resume")
+        return latest
+    if latest is not None:
+        if not overwrite:
+            raise FileExistsError(
+                f"{out_dir} already holds a run (latest checkpoint {latest.name}); pass --resume "
+                "to continue it, --overwrite to start again from scratch, or another out_dir"
+            )
+        if dist.is_main:
+            shutil.rmtree(out_dir / CHECKPOINTS_DIR)
+        barrier(dist)
+    return None
+
+
+def _prepare_data(
+    config: TrainConfig, cache_dir: Path, dist: Distributed, progress: bool
+) -> tuple[TextTokenizer, Path]:
+    """The run's tokenizer and data folder: rank 0 prepares it, then the other ranks read what it made."""
+    spec = DataSpec(data=config.data, tokenizer=config.tokenizer, vocab_size=config.vocab_size,
+                    max_corpus_bytes=config.max_corpus_bytes, val_fraction=config.val_fraction)  # fmt: skip
+    if dist.is_main:
+        prepared = prepare_data(spec, cache_dir, progress=progress)
+    barrier(dist)
+    if not dist.is_main:
+        prepared = prepare_data(spec, cache_dir, progress=False)
+    return prepared
+
+
+def _load_splits(config: TrainConfig, data_dir: Path, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The train and val token streams, refusing a split too short for one block (val only when evaluated)."""
+    train_tokens, val_tokens = load_split(data_dir, "train"), load_split(data_dir, "val")
+    for split, tokens in (("train", train_tokens), ("val", val_tokens)):
+        if len(tokens) < block_size + 1 and (split == "train" or config.eval_interval > 0):
+            raise ValueError(
+                f"the {split} split of {config.data!r} has {len(tokens)} tokens, fewer than block_size + 1 = "
+                f"{block_size + 1}: give more text or set a smaller block_size"
+                + ("" if split == "train" else " (or eval_interval=0 to skip evaluation)")
+            )
+    return train_tokens, val_tokens
