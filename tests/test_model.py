@@ -286,3 +286,19 @@ def test_hidden_states_through_the_head_are_the_logits():
     assert torch.allclose(model.lm_head(hidden[:, -1]), model(idx).logits[:, -1], atol=1e-6)
     with pytest.raises(ValueError, match="token id 97 is outside the vocabulary"):
         model.hidden_states(torch.tensor([[97]]))
+
+
+def test_activation_checkpointing_gives_the_same_loss_and_gradients() -> None:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=32, vocab_size=50, block_size=16, dropout=0.0)).train()
+    idx = torch.randint(0, 50, (2, 16))
+    grads = []
+    for checkpointing in (False, True):
+        model.zero_grad()
+        model.activation_checkpointing = checkpointing
+        loss = model(idx, targets=idx.roll(-1, 1)).loss
+        loss.backward()
+        grads.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    (loss_plain, grads_plain), (loss_ckpt, grads_ckpt) = grads
+    assert torch.equal(loss_plain, loss_ckpt)
+    assert all(torch.allclose(a, b, atol=1e-6, rtol=1e-5) for a, b in zip(grads_plain, grads_ckpt, strict=True))
