@@ -1,0 +1,79 @@
+"""`gpt2 serve`: an OpenAI-compatible HTTP server (completions, chat, models, a playground at /).
+
+    gpt2 serve --model out/run1
+    gpt2 serve --model gpt2 --dtype int8 --port 8000 --api-key "$KEY"
+    curl localhost:8000/v1/completions -H 'Content-Type: application/json' \\
+        -d '{"model": "gpt2", "prompt": "Hello", "max_tokens": 20}'
+
+Listens on 127.0.0.1 (this machine only) unless --host says otherwise. Concurrent requests are decoded together
+(continuous batching); SIGTERM or Ctrl-C lets requests in flight finish for --drain-seconds, then exits.
+The API key may also come from the GPT2_SERVE_API_KEY environment variable (kept out of the process list).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from gpt2.api import LLM
+from gpt2.inference.layouts import PRECISIONS
+from gpt2.serve.config import ServerConfig
+
+API_KEY_ENV = "GPT2_SERVE_API_KEY"
+
+
+def register(subparsers: Any) -> None:
+    defaults = ServerConfig()
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve a model over an OpenAI-compatible HTTP API",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--model", required=True, help="HF-format model directory or Hub name")
+    parser.add_argument("--tokenizer", help="tokenizer directory or Hub name (default: the model directory)")
+    parser.add_argument("--served-model-name", help="the model's name in the API (default: --model)")
+    parser.add_argument("--host", default=defaults.host, help=f"interface to listen on (default {defaults.host})")
+    parser.add_argument("--port", type=int, default=defaults.port, help=f"TCP port (default {defaults.port})")
+    parser.add_argument(
+        "--api-key", default=os.environ.get(API_KEY_ENV), help=f"require this bearer key (default: ${API_KEY_ENV})"
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=PRECISIONS,
+        default="float32",
+        help="weights' precision (default float32; int8 = int8 weights, bfloat16 activations)",
+    )
+    parser.add_argument("--device", default="auto", help="'auto' (cuda when available), 'cpu', 'cuda', ...")
+    parser.add_argument("--max-batch", type=int, default=defaults.max_batch, help="sequences decoded together at most")
+    parser.add_argument(
+        "--max-queue", type=int, default=defaults.max_queue, help="sequences waiting at most (then 429)"
+    )
+    parser.add_argument(
+        "--drain-seconds",
+        type=int,
+        default=defaults.drain_seconds,
+        help="on SIGTERM, how long requests in flight may take to finish",
+    )
+    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = ServerConfig(  # every setting is checked before the model loads
+        model_name=args.served_model_name or str(args.model),
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key or None,
+        max_batch=args.max_batch,
+        max_queue=args.max_queue,
+        drain_seconds=args.drain_seconds,
+    )
+    try:
+        from gpt2.serve.server import serve
+    except ModuleNotFoundError as err:
+        raise ValueError(f"gpt2 serve needs the package {err.name!r}: pip install 'gpt2[serve]'") from err
+    llm = LLM.load(args.model, tokenizer=args.tokenizer, device=args.device, precision=args.dtype)
+    serve(llm, config, log_level=args.log_level)
+    return 0

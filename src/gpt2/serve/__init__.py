@@ -1,0 +1,52 @@
+"""An OpenAI-compatible HTTP server with continuous batching (`gpt2 serve`).
+
+Where each thing lives:
+
+- `batch`: the running batch over one shared KV cache: sequences join and leave at step boundaries;
+- `engine`: the thread that owns the model and decodes every running sequence in one batched step;
+- `text`: tokens to text for one sequence, stop texts cut off (as the offline `stream_text`);
+- `protocol`: OpenAI's request bodies (checked) and response shapes; `chat`: the chat template;
+- `app`: the FastAPI routes; `server`: uvicorn around them; `config`: the settings and limits;
+- `playground`: the web page at `/`.
+
+>>> from gpt2.api import LLM                                                        # doctest: +SKIP
+>>> serve(LLM.load("gpt2"), ServerConfig(model_name="gpt2", port=8000))             # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpt2.serve.batch import DecodeBatch
+from gpt2.serve.chat import CHAT_STOP, ChatMessage, render_chat
+from gpt2.serve.config import ServerConfig
+from gpt2.serve.engine import Engine, Penalties, SequenceOutput, SequenceRequest, TokenLogprob
+
+# The HTTP parts need the `serve` extra (fastapi, uvicorn): imported on first use, so the engine and the CLI's
+# help work without it.
+_HTTP_NAMES = {"create_app": "gpt2.serve.app", "serve": "gpt2.serve.server", "uvicorn_server": "gpt2.serve.server"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HTTP_NAMES:
+        import importlib
+
+        return getattr(importlib.import_module(_HTTP_NAMES[name]), name)
+    raise AttributeError(f"module 'gpt2.serve' has no attribute {name!r}")
+
+
+__all__ = [
+    "CHAT_STOP",
+    "ChatMessage",
+    "DecodeBatch",
+    "Engine",
+    "Penalties",
+    "SequenceOutput",
+    "SequenceRequest",
+    "ServerConfig",
+    "TokenLogprob",
+    "create_app",
+    "render_chat",
+    "serve",
+    "uvicorn_server",
+]

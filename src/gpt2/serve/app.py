@@ -1,0 +1,486 @@
+"""The HTTP application: OpenAI's routes on FastAPI, in front of the engine.
+
+Routes: `GET /v1/models` (and `/v1/models/{id}`), `POST /v1/completions`, `POST /v1/chat/completions`,
+`GET /health`, and the playground at `GET /`. Streaming answers are server-sent events in OpenAI's chunk format,
+ending with `data: [DONE]`.
+
+Every error is OpenAI-shaped JSON, `{"error": {"message", "type", "param", "code"}}`: 400 for a bad field or a
+malformed body, 401 without the API key (when one is set), 404 for an unknown model or route, 413 for a body
+over the size limit, 429 with Retry-After when the queue is full, 503 while shutting down. A client's input
+never causes a 500: bodies are checked field by field (gpt2.serve.protocol) before anything runs.
+
+A request's sequences go to the engine (one per prompt and choice) and come back through an asyncio queue. A
+client that disconnects cancels them: a stream when its response is closed, a plain request through a watcher
+of the connection; the engine frees their rows at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hmac
+import json
+import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gpt2.api import LLM
+from gpt2.serve.chat import CHAT_STOP, render_chat
+from gpt2.serve.config import ServerConfig
+from gpt2.serve.engine import Engine, EngineStopped, QueueFull, SequenceOutput, SequenceRequest
+from gpt2.serve.playground import PLAYGROUND_HTML
+from gpt2.serve.protocol import (
+    APIError,
+    ChatRequest,
+    Choice,
+    CompletionRequest,
+    GenerationRequest,
+    LogprobFormatter,
+    bad_request,
+    new_id,
+    now,
+    parse_chat_request,
+    parse_completion_request,
+    reject_constant,
+    usage,
+)
+
+logger = logging.getLogger(__name__)
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+DONE = "data: [DONE]\n\n"
+
+
+def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
+    """The server for `llm` with `config`'s limits. The engine thread starts with the app (or at the first
+    request) and stops when the app shuts down: in-flight work is cancelled then (the HTTP server drains
+    first, see gpt2.serve.server)."""
+    engine = Engine(llm.model, llm.tokenizer, max_batch=config.max_batch, max_queue=config.max_queue)
+    service = _Service(llm, engine, config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        yield
+        await run_in_threadpool(engine.stop, 0.0)
+
+    app = FastAPI(title="gpt2", summary="OpenAI-compatible GPT-2", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.engine = engine
+    app.state.config = config
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, error: APIError) -> JSONResponse:
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+        return JSONResponse(bad_request(f"malformed request: {error.errors()!s:.300}").body(), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        code = "not_found" if error.status_code == 404 else None
+        body = APIError(error.status_code, str(error.detail), code=code).body()
+        return JSONResponse(body, status_code=error.status_code, headers=getattr(error, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, error: Exception) -> JSONResponse:
+        logger.exception("unexpected error answering %s %s", request.method, request.url.path)
+        body = APIError(500, "internal server error", type="server_error").body()
+        return JSONResponse(body, status_code=500)
+
+    authorized = [Depends(service.authorize)]
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        return service.health()
+
+    @app.get("/v1/models", dependencies=authorized)
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [service.model_card()]}
+
+    @app.get("/v1/models/{model:path}", dependencies=authorized)
+    async def model(model: str) -> dict[str, Any]:
+        service.check_model(model)
+        return service.model_card()
+
+    @app.post("/v1/completions", dependencies=authorized)
+    async def completions(request: Request) -> Response:
+        return await service.completions(request)
+
+    @app.post("/v1/chat/completions", dependencies=authorized)
+    async def chat_completions(request: Request) -> Response:
+        return await service.chat(request)
+
+    @app.get("/", response_class=HTMLResponse)
+    async def playground() -> HTMLResponse:
+        return HTMLResponse(PLAYGROUND_HTML)
+
+    return app
+
+
+class _Submission:
+    """A request's sequences in the engine, their outputs arriving on this event loop's queue."""
+
+    def __init__(self, engine: Engine, requests: Sequence[SequenceRequest], retry_after: int) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[SequenceOutput] = asyncio.Queue()
+        try:
+            self._ticket = engine.submit(requests, self._deliver)
+        except QueueFull as err:
+            raise APIError(
+                429,
+                f"{err}; retry in {retry_after} s",
+                type="rate_limit_error",
+                code="queue_full",
+                headers={"Retry-After": str(retry_after)},
+            ) from err
+        except EngineStopped as err:
+            raise APIError(503, str(err), type="server_error", code="shutting_down") from err
+        except ValueError as err:
+            raise bad_request(str(err)) from err
+        self._remaining = len(requests)
+
+    def _deliver(self, output: SequenceOutput) -> None:  # called on the engine's thread
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, output)
+
+    async def outputs(self) -> AsyncIterator[SequenceOutput]:
+        """Every output of every sequence, as they come, until each sequence has ended."""
+        while self._remaining:
+            output = await self._queue.get()
+            if output.final:
+                self._remaining -= 1
+            yield output
+
+    def cancel(self) -> None:
+        self._ticket.cancel()
+
+    async def collect(self, request: Request, choices: list[Choice]) -> None:
+        """Gather every output into `choices`, cancelling the sequences if the client goes away meanwhile."""
+        watcher = asyncio.create_task(self._cancel_on_disconnect(request))
+        try:
+            async for output in self.outputs():
+                choices[output.index].add(output)
+        finally:
+            watcher.cancel()
+            self.cancel()  # nothing left to cancel on success; frees the rows on an error or cancellation
+
+    async def _cancel_on_disconnect(self, request: Request) -> None:
+        while True:
+            message = await request.receive()  # the body is read: the next message is the disconnect
+            if message["type"] == "http.disconnect":
+                self.cancel()
+                return
+
+
+class _Service:
+    """What the routes do; one per app."""
+
+    def __init__(self, llm: LLM, engine: Engine, config: ServerConfig) -> None:
+        self.llm = llm
+        self.tokenizer = llm.tokenizer
+        self.engine = engine
+        self.config = config
+        self.created = now()
+        self.logprobs = LogprobFormatter(llm.tokenizer)
+
+    # ------------------------------------------------------------------------------------ plumbing
+    def authorize(self, request: Request) -> None:
+        key = self.config.api_key
+        if key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise APIError(
+                401,
+                "missing or wrong API key: send the header 'Authorization: Bearer <key>'",
+                type="authentication_error",
+                code="invalid_api_key",
+            )
+
+    def health(self) -> JSONResponse:
+        engine = self.engine
+        status = {
+            "status": "ok",
+            "model": self.config.model_name,
+            "active": engine.active,
+            "waiting": engine.waiting,
+            "max_batch": engine.max_batch,
+            "max_queue": engine.max_queue,
+        }
+        return JSONResponse(status)
+
+    def model_card(self) -> dict[str, Any]:
+        return {
+            "id": self.config.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "gpt2",
+            "max_model_len": self.engine.block_size,
+        }
+
+    def check_model(self, name: str) -> None:
+        if name != self.config.model_name:
+            raise APIError(
+                404,
+                f"the model {name!r} does not exist; this server serves {self.config.model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
+
+    async def read_json(self, request: Request) -> Any:
+        """The body as JSON, refusing more than max_body_bytes (413) and anything that is not JSON (400)."""
+        limit = self.config.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        too_large = APIError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
+        if declared.isdigit() and int(declared) > limit:
+            raise too_large
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise too_large
+        try:
+            return json.loads(bytes(body), parse_constant=reject_constant)
+        except APIError:
+            raise
+        except (ValueError, RecursionError) as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            raise bad_request(f"the request body is not valid JSON: {str(err)[:200]}") from err
+
+    def encode(self, prompt: str | Sequence[int], param: str) -> list[int]:
+        """A prompt's token ids: a text is encoded (special-token texts stay plain text); an empty prompt is
+        <|endoftext|>, the start of a new document, as in OpenAI's API."""
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        ids = ids or [self.tokenizer.eot_token]
+        if len(ids) > self.engine.block_size:
+            raise bad_request(
+                f"the prompt has {len(ids)} tokens but the model's context is {self.engine.block_size} tokens; "
+                "shorten it",
+                param,
+                code="context_length_exceeded",
+            )
+        try:
+            self.engine.check_prompt(ids)
+        except ValueError as err:
+            raise bad_request(str(err), param) from err
+        return ids
+
+    def sequences(
+        self, parsed: GenerationRequest, prompts: Sequence[list[int]], *, prompt_logprobs: bool = False
+    ) -> list[SequenceRequest]:
+        """One sequence per prompt and choice: choice index = prompt index * n + i, the i-th with seed + i."""
+        params = parsed.params
+        return [
+            SequenceRequest(
+                prompt,
+                params.for_sample(i).replace(n=1),
+                parsed.penalties,
+                parsed.logprobs,
+                prompt_logprobs,
+            )
+            for prompt in prompts
+            for i in range(params.n)
+        ]
+
+    # ------------------------------------------------------------------------------------ completions
+    async def completions(self, request: Request) -> Response:
+        parsed = parse_completion_request(await self.read_json(request), max_prompts=self.config.max_prompts)
+        self.check_model(parsed.model)
+        prompts = await run_in_threadpool(lambda: [self.encode(prompt, "prompt") for prompt in parsed.prompts])
+        n = parsed.params.n
+        scoring = parsed.echo and parsed.logprobs is not None
+        submission = _Submission(
+            self.engine, self.sequences(parsed, prompts, prompt_logprobs=scoring), self.config.retry_after_seconds
+        )
+        choices = [Choice(index, prompts[index // n]) for index in range(len(prompts) * n)]
+        prompt_tokens = sum(len(prompt) for prompt in prompts)
+        response_id, created = new_id("cmpl"), now()
+        if parsed.stream:
+            chunks = self._completion_chunks(parsed, submission, choices, prompt_tokens, response_id, created)
+            return StreamingResponse(_sse(chunks, submission), media_type="text/event-stream", headers=SSE_HEADERS)
+        await submission.collect(request, choices)
+        _raise_engine_error(choices)
+        return JSONResponse(
+            {
+                "id": response_id,
+                "object": "text_completion",
+                "created": created,
+                "model": self.config.model_name,
+                "choices": [self._completion_choice(parsed, choice) for choice in choices],
+                "usage": usage(prompt_tokens, sum(choice.completion_tokens for choice in choices)),
+            }
+        )
+
+    def _completion_choice(self, parsed: CompletionRequest, choice: Choice) -> dict[str, Any]:
+        prompt_text = self.tokenizer.decode(choice.prompt_ids) if parsed.echo else ""
+        logprobs = None
+        if parsed.logprobs is not None:
+            if parsed.echo:
+                assert choice.prompt_logprobs is not None
+                logprobs = self.logprobs.completion(
+                    [*choice.prompt_ids, *choice.token_ids], [*choice.prompt_logprobs, *choice.logprobs]
+                )
+            else:
+                offset = len(self.tokenizer.decode(choice.prompt_ids))
+                logprobs = self.logprobs.completion(choice.token_ids, choice.logprobs, offset=offset)
+        return {
+            "index": choice.index,
+            "text": prompt_text + choice.text,
+            "logprobs": logprobs,
+            "finish_reason": choice.finish_reason,
+        }
+
+    async def _completion_chunks(
+        self,
+        parsed: CompletionRequest,
+        submission: _Submission,
+        choices: list[Choice],
+        prompt_tokens: int,
+        response_id: str,
+        created: int,
+    ) -> AsyncIterator[dict[str, Any]]:
+        head = {"id": response_id, "object": "text_completion", "created": created, "model": self.config.model_name}
+        offsets = [len(self.tokenizer.decode(choice.prompt_ids)) for choice in choices] if parsed.logprobs else []
+        echoed = [not parsed.echo] * len(choices)
+        async for output in submission.outputs():
+            if output.error:
+                yield _stream_error(output.error)
+                continue
+            choice = choices[output.index]
+            choice.add(output)
+            text, token_ids, logprobs = output.text, list(output.token_ids), list(output.logprobs)
+            prompt_logprobs: list[Any] = []
+            if not echoed[output.index]:  # the first chunk of a choice carries its prompt
+                echoed[output.index] = True
+                text = self.tokenizer.decode(choice.prompt_ids) + text
+                if parsed.logprobs is not None:
+                    prompt_logprobs = list(output.prompt_logprobs or [])
+                    token_ids = [*choice.prompt_ids, *token_ids]
+                    offsets[output.index] = 0
+            if not text and not token_ids and output.finish_reason is None:
+                continue
+            chunk_logprobs = None
+            if parsed.logprobs is not None:
+                chunk_logprobs = self.logprobs.completion(
+                    token_ids, [*prompt_logprobs, *logprobs], offset=offsets[output.index]
+                )
+                offsets[output.index] += sum(len(token) for token in chunk_logprobs["tokens"])
+            finish = "stop" if output.finish_reason == "cancelled" else output.finish_reason
+            choice_body = {"index": output.index, "text": text, "logprobs": chunk_logprobs, "finish_reason": finish}
+            yield {**head, "choices": [choice_body]}
+        if parsed.include_usage:
+            completion_tokens = sum(choice.completion_tokens for choice in choices)
+            yield {**head, "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
+
+    # ------------------------------------------------------------------------------------ chat
+    async def chat(self, request: Request) -> Response:
+        parsed = parse_chat_request(await self.read_json(request))
+        self.check_model(parsed.model)
+        prompt = await run_in_threadpool(self.encode, render_chat(parsed.messages), "messages")
+        parsed = _with_chat_stop(parsed)
+        submission = _Submission(self.engine, self.sequences(parsed, [prompt]), self.config.retry_after_seconds)
+        choices = [Choice(index, prompt) for index in range(parsed.params.n)]
+        response_id, created = new_id("chatcmpl"), now()
+        if parsed.stream:
+            chunks = self._chat_chunks(parsed, submission, choices, len(prompt), response_id, created)
+            return StreamingResponse(_sse(chunks, submission), media_type="text/event-stream", headers=SSE_HEADERS)
+        await submission.collect(request, choices)
+        _raise_engine_error(choices)
+        body_choices = []
+        for choice in choices:
+            logprobs = self.logprobs.chat(choice.logprobs) if parsed.logprobs is not None else None
+            body_choices.append(
+                {
+                    "index": choice.index,
+                    "message": {"role": "assistant", "content": choice.text.lstrip()},
+                    "logprobs": logprobs,
+                    "finish_reason": choice.finish_reason,
+                }
+            )
+        return JSONResponse(
+            {
+                "id": response_id,
+                "object": "chat.completion",
+                "created": created,
+                "model": self.config.model_name,
+                "choices": body_choices,
+                "usage": usage(len(prompt), sum(choice.completion_tokens for choice in choices)),
+            }
+        )
+
+    async def _chat_chunks(
+        self,
+        parsed: ChatRequest,
+        submission: _Submission,
+        choices: list[Choice],
+        prompt_tokens: int,
+        response_id: str,
+        created: int,
+    ) -> AsyncIterator[dict[str, Any]]:
+        head = {
+            "id": response_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": self.config.model_name,
+        }
+        for choice in choices:  # OpenAI opens each choice with the role
+            delta = {"role": "assistant", "content": ""}
+            yield {
+                **head,
+                "choices": [{"index": choice.index, "delta": delta, "logprobs": None, "finish_reason": None}],
+            }
+        started = [False] * len(choices)  # the reply's leading whitespace is dropped (gpt2.serve.chat)
+        async for output in submission.outputs():
+            if output.error:
+                yield _stream_error(output.error)
+                continue
+            choice = choices[output.index]
+            choice.add(output)
+            text = output.text
+            if not started[output.index]:
+                text = text.lstrip()
+                started[output.index] = bool(text)
+            logprobs = self.logprobs.chat(output.logprobs) if parsed.logprobs is not None else None
+            if not text and not output.logprobs and output.finish_reason is None:
+                continue
+            finish = "stop" if output.finish_reason == "cancelled" else output.finish_reason
+            delta = {"content": text} if text or finish is None else {}
+            body = {"index": output.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+            yield {**head, "choices": [body]}
+        if parsed.include_usage:
+            completion_tokens = sum(choice.completion_tokens for choice in choices)
+            yield {**head, "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
+
+
+def _with_chat_stop(parsed: ChatRequest) -> ChatRequest:
+    """The chat template's stop ("\\nUser:") added to the request's own stops."""
+    stops = (*parsed.params.stop, CHAT_STOP) if CHAT_STOP not in parsed.params.stop else parsed.params.stop
+    return dataclasses.replace(parsed, params=parsed.params.replace(stop=stops))
+
+
+def _raise_engine_error(choices: list[Choice]) -> None:
+    errors = [choice.error for choice in choices if choice.error]
+    if errors:
+        status, code = (503, "shutting_down") if "shutting down" in errors[0] else (500, None)
+        raise APIError(status, errors[0], type="server_error", code=code)
+
+
+def _stream_error(message: str) -> dict[str, Any]:
+    return APIError(503, message, type="server_error").body()
+
+
+async def _sse(chunks: AsyncIterator[dict[str, Any]], submission: _Submission) -> AsyncIterator[str]:
+    """Server-sent events: each chunk as `data: <json>`, then `data: [DONE]`. The sequences are cancelled when
+    the stream ends early (the client went away: Starlette closes this generator)."""
+    try:
+        async for chunk in chunks:
+            yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+        yield DONE
+    finally:
+        submission.cancel()

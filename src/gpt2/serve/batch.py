@@ -1,0 +1,158 @@
+"""The running batch of continuous batching: sequences join and leave at step boundaries, and every step feeds
+one token of each through the model in a single forward.
+
+Notation: R = rows the cache was made for, B = active rows, L = the batch's width (cache columns in use), P = a
+joining prompt's length, V = vocab_size.
+
+Layout. One preallocated KV cache (n_layer, R, nh, block_size, hs). Active sequences occupy rows [0, B), so the
+active part is a view (a leaving row's place is taken by the last row). All rows share the columns: row i's n_i
+cached tokens sit right-aligned in columns [L - n_i, L), and the columns before them are padding that the
+attention mask hides. Each row feeds its own position ids (0, 1, ... over its own tokens), so a token's keys and
+values do not depend on the column they sit in: every row computes what its sequence computes alone (tested), up
+to the rounding of the batched reductions.
+
+- join: the prompt is prefilled alone (B=1) straight into its row's columns [L - P, L); when P > L, the rows
+  already there first move right by P - L.
+- step: one forward of the B pending tokens (B, 1), each with its row's mask and position.
+- Room: a step needs column L free. When L reaches block_size, or the padding every row shares grows past a
+  quarter of the width, all rows move left by that shared padding (one copy of the active cache, which costs
+  about as much as the attention of a step or two reads anyway).
+
+A sequence of n_i cached tokens can take another step only while n_i < block_size: the caller caps prompt +
+completion at the context (gpt2.serve.engine) and makes every sequence leave when it reaches it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from gpt2.model import GPT, KVCache
+
+# Move the rows left when the padding all of them share reaches this fraction of the width (see the docstring).
+COMPACT_FRACTION = 4
+
+
+class DecodeBatch:
+    """Up to `max_rows` sequences decoding together over one KV cache (module docstring).
+
+    >>> batch = DecodeBatch(model, max_rows=4)                         # doctest: +SKIP
+    >>> first = batch.join([464, 3290]).argmax()    # (V,) logits after the prompt  # doctest: +SKIP
+    >>> logits = batch.step(first.view(1))          # (B, V): a token per row       # doctest: +SKIP
+    """
+
+    def __init__(self, model: GPT, max_rows: int) -> None:
+        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+            raise ValueError(f"max_rows must be an integer >= 1, got {max_rows!r}")
+        self.model = model
+        self.block_size = model.config.block_size
+        storage = model.new_kv_cache(max_rows, max_len=self.block_size)
+        self._k, self._v = storage.k, storage.v  # (n_layer, R, nh, block_size, hs)
+        device = self._k.device
+        self._mask = torch.zeros(max_rows, self.block_size, dtype=torch.long, device=device)  # 1 = a real token
+        self._lengths = torch.zeros(max_rows, dtype=torch.long, device=device)  # n_i: cached tokens of row i
+        self.size = 0  # B: active rows
+        self.width = 0  # L: columns in use
+        self.max_rows = max_rows
+
+    @property
+    def lengths(self) -> list[int]:
+        """Cached tokens of each active row (its next token's position)."""
+        return self._lengths[: self.size].tolist()
+
+    @torch.no_grad()
+    def join(self, prompt: Sequence[int], *, all_logits: bool = False) -> torch.Tensor:
+        """Add a sequence as row B (returned by `size - 1` afterwards); its prompt goes into the cache.
+
+        Returns the logits of the token after the prompt (V,), or with all_logits every prompt position's
+        logits (P, V) (row t predicts token t + 1). The prompt must be ids of the model's vocabulary and leave
+        room for a token: 1 <= P < block_size.
+        """
+        P = len(prompt)
+        if self.size == self.max_rows:
+            raise ValueError(f"the batch is full ({self.max_rows} rows); wait for a sequence to leave")
+        if not 0 < P < self.block_size:
+            raise ValueError(f"a prompt must hold 1 to {self.block_size - 1} tokens to be continued, got {P}")
+        if self.size == 0:
+            self.width = 0
+        if P > self.width:
+            self._shift(P - self.width)  # make room on the left: the others move right
+        row, L = self.size, self.width
+        self._mask[row].zero_()
+        self._mask[row, L - P : L] = 1
+        self._lengths[row] = P
+        # A cache over this row's own columns [L - P, block_size): the prefill writes there in place.
+        view = KVCache(self._k[:, row : row + 1, :, L - P :], self._v[:, row : row + 1, :, L - P :])
+        ids = torch.tensor([list(prompt)], dtype=torch.long, device=self._k.device)  # (1, P)
+        hidden = self.model.hidden_states(ids, kv_cache=view, validate=False)  # (1, P, C)
+        self.size += 1
+        return self.model.lm_head(hidden[0] if all_logits else hidden[0, -1])
+
+    @torch.no_grad()
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed each active row its next token, tokens (B,) -> next-token logits (B, V)."""
+        B = self.size
+        assert tokens.shape == (B,) and B > 0, f"step wants one token per active row ({B}), got {tuple(tokens.shape)}"
+        self._make_room()
+        L = self.width
+        assert L < self.block_size, "a sequence reached the context; the caller must end it first"
+        self._mask[:B, L] = 1
+        mask = self._mask[:B, : L + 1]  # (B, L + 1)
+        cache = KVCache(self._k[:, :B], self._v[:, :B], length=L)
+        logits = self.model(
+            tokens.view(B, 1).to(self._k.device),
+            # no padding at all (one row, or rows of equal length): the plain causal path, as a lone sequence
+            attention_mask=None if bool(mask.all()) else mask,
+            position_ids=self._lengths[:B].view(B, 1),
+            kv_cache=cache,
+            validate=False,
+        ).logits[:, -1]  # (B, V)
+        self._lengths[:B] += 1
+        self.width = L + 1
+        return logits
+
+    def leave(self, row: int) -> int | None:
+        """Remove active row `row`. The last row moves into its place: returns the index it had (so the caller
+        can renumber it), or None when the removed row was the last one."""
+        if not 0 <= row < self.size:
+            raise ValueError(f"row {row} is not active (rows 0..{self.size - 1})")
+        last = self.size - 1
+        self.size = last
+        if row == last:
+            return None
+        L = self.width
+        self._k[:, row, :, :L] = self._k[:, last, :, :L]
+        self._v[:, row, :, :L] = self._v[:, last, :, :L]
+        self._mask[row] = self._mask[last]
+        self._lengths[row] = self._lengths[last]
+        return last
+
+    def clear(self) -> None:
+        """Remove every row."""
+        self.size = 0
+        self.width = 0
+
+    # ------------------------------------------------------------------------------------------ room
+    def _make_room(self) -> None:
+        """Drop the padding columns every active row shares when the cache is full or they are many."""
+        B, L = self.size, self.width
+        shared_padding = L - int(self._lengths[:B].max())
+        if shared_padding > 0 and (L == self.block_size or shared_padding * COMPACT_FRACTION >= L):
+            self._shift(-shared_padding)
+
+    def _shift(self, by: int) -> None:
+        """Move the active rows' columns [0, L) right (by > 0) or left (by < 0); the width follows."""
+        B, L = self.size, self.width
+        new_width = L + by
+        assert 0 <= new_width <= self.block_size
+        if B > 0 and L > 0:
+            kept = L if by > 0 else new_width  # columns that carry data after the move
+            source = slice(0, kept) if by > 0 else slice(-by, L)
+            target = slice(by, by + kept) if by > 0 else slice(0, new_width)
+            for cache in (self._k, self._v):
+                cache[:, :B, :, target] = cache[:, :B, :, source].clone()
+            self._mask[:B, target] = self._mask[:B, source].clone()
+            if by > 0:
+                self._mask[:B, :by] = 0
+        self.width = new_width

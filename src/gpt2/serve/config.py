@@ -1,0 +1,61 @@
+"""The server's settings: where it listens, who may call it, and the limits that keep it responsive."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Validated at construction; `gpt2 serve` builds one from its flags.
+
+    >>> ServerConfig(port=0).host
+    '127.0.0.1'
+    >>> ServerConfig(max_batch=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: max_batch must be an integer >= 1, got 0
+    """
+
+    model_name: str = "gpt2"
+    """The name /v1/models lists and requests must use (`--served-model-name`; default: `--model`)."""
+    host: str = LOOPBACK
+    """Interface to listen on: loopback only unless told otherwise (e.g. 0.0.0.0 for every interface)."""
+    port: int = 8000
+    """TCP port; 0 picks a free one."""
+    api_key: str | None = None
+    """When set, every /v1 request must carry `Authorization: Bearer <api_key>` (401 otherwise)."""
+    max_batch: int = 16
+    """Sequences decoded together at most (rows of the shared KV cache)."""
+    max_queue: int = 64
+    """Sequences waiting for a row at most; beyond it requests get 429 with Retry-After."""
+    max_body_bytes: int = 1 << 20
+    """Request bodies larger than this get 413."""
+    max_prompts: int = 64
+    """Prompts in one /v1/completions request at most."""
+    retry_after_seconds: int = 1
+    """What the Retry-After header of a 429 says."""
+    drain_seconds: int = 30
+    """On SIGTERM / Ctrl-C: how long in-flight requests may take to finish before they are cancelled."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model_name, str) or not self.model_name:
+            raise ValueError(f"model_name must be a non-empty string, got {self.model_name!r}")
+        if not isinstance(self.host, str) or not self.host:
+            raise ValueError(f"host must be an address such as {LOOPBACK}, got {self.host!r}")
+        if not _is_int(self.port) or not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be an integer in [0, 65535] (0: any free port), got {self.port!r}")
+        if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
+            raise ValueError("api_key must be a non-empty string, or None for no authentication")
+        if not _is_int(self.drain_seconds) or self.drain_seconds < 0:
+            raise ValueError(f"drain_seconds must be a whole number of seconds >= 0, got {self.drain_seconds!r}")
+        for name in ("max_batch", "max_queue", "max_body_bytes", "max_prompts", "retry_after_seconds"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -1,0 +1,527 @@
+"""The engine: one thread owns the model and decodes every running sequence in one batch (continuous batching).
+
+Each turn of its loop:
+
+1. admit waiting sequences while the batch has free rows: prefill each into its row of the shared KV cache
+   (gpt2.serve.batch) and draw its first token from the prefill's logits;
+2. run one batched decode step for all active sequences, (B, 1) tokens -> (B, V) logits;
+3. per row, with that sequence's own settings: log-probabilities when asked (of the model's distribution, before
+   penalties and temperature), presence/frequency penalties and logit bias, then `sample_next_token` with the
+   sequence's own generator (seeded: the tokens a lone `LLM.generate` call with that seed draws);
+4. hand each sequence's new text to its consumer (`sink`), and let finished or cancelled sequences leave.
+
+Sequences join and leave only between steps, so a request never waits for another to finish. A sequence's
+prompt + completion is capped at the context (block_size tokens): it ends with finish_reason 'length' there.
+
+Every sequence ends with exactly one final `SequenceOutput` (finish_reason 'stop', 'length' or 'cancelled', or
+an error), so a consumer always knows when to stop listening. The sink is called on the engine thread (or on
+the canceller's), so it must be quick and thread-safe (the server's puts onto an asyncio queue with
+`loop.call_soon_threadsafe`).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from gpt2.inference.sampling import SamplingParams, sample_next_token
+from gpt2.model import GPT
+from gpt2.serve.batch import DecodeBatch
+from gpt2.serve.text import TextAssembler
+from gpt2.tokenizer.protocol import TextTokenizer
+
+logger = logging.getLogger(__name__)
+
+PENALTY_RANGE = 2.0  # presence and frequency penalties lie in [-2, 2], as in OpenAI's API
+LOGIT_BIAS_RANGE = 100.0  # a logit bias lies in [-100, 100], as in OpenAI's API
+MAX_TOP_LOGPROBS = 20  # alternatives per token at most (OpenAI's chat limit)
+# softmax(logits / t) is one-hot (up to float32 rounding) long before t gets this small, and dividing float32
+# logits by a smaller t can overflow to inf: below it the draw is greedy.
+GREEDY_BELOW_TEMPERATURE = 1e-5
+# Prompt tokens prefilled in one turn of the loop at most (beyond the first sequence admitted): running
+# sequences wait for the admissions of a turn, so a burst of long prompts joins over several turns.
+PREFILL_TOKENS_PER_TURN = 2048
+
+
+class QueueFull(RuntimeError):
+    """The engine's waiting queue has no room for the sequences submitted: try again shortly."""
+
+
+class EngineStopped(RuntimeError):
+    """The engine is shutting down (or was stopped) and takes no new work."""
+
+
+@dataclass(frozen=True)
+class Penalties:
+    """What OpenAI's API adds to the logits before sampling (none of them by default).
+
+    A token's logit falls by presence (once it appears in the completion so far) and by frequency times the
+    number of times it appears there; logit_bias adds a fixed amount to chosen token ids. Only the completion
+    counts, not the prompt (as vLLM does).
+    """
+
+    presence: float = 0.0
+    frequency: float = 0.0
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, value in (("presence_penalty", self.presence), ("frequency_penalty", self.frequency)):
+            if not _is_finite_number(value) or not -PENALTY_RANGE <= value <= PENALTY_RANGE:
+                raise ValueError(f"{name} must be a number in [-2, 2], got {value!r}")
+        for token, bias in self.logit_bias.items():
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
+            if not _is_finite_number(bias) or not -LOGIT_BIAS_RANGE <= bias <= LOGIT_BIAS_RANGE:
+                raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {bias!r} for token {token}")
+
+    @property
+    def active(self) -> bool:
+        return bool(self.presence or self.frequency or self.logit_bias)
+
+
+def _is_finite_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class SequenceRequest:
+    """One sequence to generate: a prompt (token ids) and how to continue it. `params.n` is ignored: a request
+    for n continuations submits n of these (each with `params.for_sample(i)`)."""
+
+    prompt: Sequence[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    penalties: Penalties = field(default_factory=Penalties)
+    logprobs: int | None = None
+    """Log-probabilities of the generated tokens with this many top alternatives each (0: the token's own
+    only); None: none."""
+    prompt_logprobs: bool = False
+    """Also the log-probability of every prompt token given the ones before it (the first has none)."""
+
+    def __post_init__(self) -> None:
+        if self.logprobs is not None and (
+            isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int) or not 0 <= self.logprobs
+        ):
+            raise ValueError(f"logprobs must be an integer >= 0 or None, got {self.logprobs!r}")
+        if self.logprobs is not None and self.logprobs > MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs may ask for at most {MAX_TOP_LOGPROBS} alternatives, got {self.logprobs}")
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A token, its log-probability under the model, and the most likely alternatives at its position."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass
+class SequenceOutput:
+    """What one sequence produced since its previous output; the last one has `finish_reason` (or `error`)."""
+
+    index: int
+    """The sequence's position in the list given to `Engine.submit`."""
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    """Generated tokens of this output (a stop token id is not among them)."""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    """One per token in token_ids, when the request asked for logprobs."""
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    """In the first output of a sequence that asked for them: one per prompt token, None for the first."""
+    finish_reason: str | None = None
+    """'stop' (end-of-text, a stop token or a stop text), 'length' (max_tokens or the context), 'cancelled'."""
+    completion_tokens: int = 0
+    """Tokens generated so far, a stop token included."""
+    error: str | None = None
+
+    @property
+    def final(self) -> bool:
+        return self.finish_reason is not None or self.error is not None
+
+
+Sink = Callable[[SequenceOutput], None]
+
+
+class _Sequence:
+    """The engine's state of one sequence."""
+
+    def __init__(
+        self, index: int, request: SequenceRequest, sink: Sink, max_new: int, device: torch.device, vocab_size: int
+    ) -> None:
+        self.index = index
+        self.request = request
+        self.sink = sink
+        self.max_new = max_new  # the completion's cap: max_tokens, or less at the context
+        self.cancelled = False
+        self.done = False
+        self.row = -1  # its row in the batch while active
+        self.pending = 0  # the last token drawn: fed to the model at the next step
+        self.generated = 0
+        self.text: TextAssembler | None = None
+        params = request.params
+        self.stop_ids = frozenset((*params.stop_token_ids,))
+        self.generator = torch.Generator(device=device)
+        if params.seed is not None:
+            self.generator.manual_seed(params.seed)
+        else:
+            self.generator.seed()  # a fresh random seed: unseeded sequences differ
+        self.counts = torch.zeros(vocab_size, device=device) if request.penalties.active else None
+        self.bias: torch.Tensor | None = None
+        if request.penalties.logit_bias:
+            self.bias = torch.zeros(vocab_size, device=device)
+            for token, value in request.penalties.logit_bias.items():
+                self.bias[token] = value
+
+
+class Ticket:
+    """The sequences of one `Engine.submit` call; `cancel()` ends those not finished (each then gets a final
+    output with finish_reason 'cancelled'), at the next step boundary at the latest."""
+
+    def __init__(self, engine: Engine, sequences: list[_Sequence]) -> None:
+        self._engine = engine
+        self._sequences = sequences
+
+    def cancel(self) -> None:
+        self._engine._cancel(self._sequences)
+
+
+class Engine:
+    """Continuous batching over one model (module docstring). Thread-safe: `submit` and `Ticket.cancel` may be
+    called from any thread; the model is used by the engine's thread only.
+
+    >>> engine = Engine(model, tokenizer, max_batch=8)                                       # doctest: +SKIP
+    >>> engine.start()                                                                       # doctest: +SKIP
+    >>> ticket = engine.submit([SequenceRequest([464, 3290], SamplingParams(seed=0))], print)  # doctest: +SKIP
+    """
+
+    def __init__(self, model: GPT, tokenizer: TextTokenizer, *, max_batch: int = 16, max_queue: int = 64) -> None:
+        if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
+            raise ValueError(f"max_queue must be an integer >= 1, got {max_queue!r}")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.block_size = model.config.block_size
+        self.vocab_size = model.config.vocab_size
+        self.vocab_limit = min(len(tokenizer), self.vocab_size)  # never draw an id the tokenizer does not have
+        self.eot_token = tokenizer.eot_token
+        self.max_queue = max_queue
+        self.device = model.transformer.wte.weight.device
+        self._batch = DecodeBatch(model, max_batch)
+        self._rows: list[_Sequence] = []  # the active sequences, by row (engine thread only)
+        self._waiting: collections.deque[_Sequence] = collections.deque()
+        self._lock = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closing = False  # no new work; finish what is there
+        self._aborting = False  # end everything now
+
+    # ------------------------------------------------------------------------------------ public
+    @property
+    def max_batch(self) -> int:
+        return self._batch.max_rows
+
+    @property
+    def active(self) -> int:
+        """Sequences decoding now."""
+        return len(self._rows)
+
+    @property
+    def waiting(self) -> int:
+        """Sequences queued for a free row."""
+        return len(self._waiting)
+
+    def start(self) -> None:
+        """Start the engine's thread (once; later calls do nothing)."""
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="gpt2-serve-engine", daemon=True)
+                self._thread.start()
+
+    def submit(self, requests: Sequence[SequenceRequest], sink: Sink) -> Ticket:
+        """Queue sequences; `sink` gets every `SequenceOutput` of each (its `index` says which).
+
+        ValueError for a prompt that is empty, holds an id outside the vocabulary, or is longer than the
+        context; QueueFull when the queue cannot take them all (nothing is queued then); EngineStopped while
+        shutting down.
+        """
+        if not requests:
+            raise ValueError("submit needs at least one sequence")
+        if len(requests) > self.max_queue:
+            raise ValueError(
+                f"{len(requests)} sequences in one request is more than the queue holds ({self.max_queue}); "
+                "ask for fewer prompts or a smaller n"
+            )
+        sequences = []
+        for index, request in enumerate(requests):
+            self.check_prompt(request.prompt)
+            room = self.block_size - len(request.prompt)  # prompt + completion fit the context
+            max_new = min(request.params.max_tokens, room)
+            sequences.append(_Sequence(index, request, sink, max_new, self.device, self.vocab_size))
+        with self._lock:
+            if self._closing:
+                raise EngineStopped("the server is shutting down")
+            if len(self._waiting) + len(sequences) > self.max_queue:
+                raise QueueFull(f"the queue is full ({len(self._waiting)} of {self.max_queue} waiting)")
+            self._waiting.extend(sequences)
+            self._lock.notify()
+        self.start()
+        return Ticket(self, sequences)
+
+    def stop(self, timeout: float | None = 0.0) -> None:
+        """Take no new work; let running and queued sequences finish for up to `timeout` seconds (None: as long
+        as they need), then cancel the rest and end the thread."""
+        with self._lock:
+            self._closing = True
+            self._lock.notify()
+            thread = self._thread
+        if thread is None:
+            self._abort_waiting()
+            return
+        thread.join(timeout)
+        if thread.is_alive():
+            with self._lock:
+                self._aborting = True
+                self._lock.notify()
+            thread.join()
+
+    # ------------------------------------------------------------------------------------ checks
+    def check_prompt(self, prompt: Sequence[int]) -> None:
+        """ValueError unless `prompt` is 1 to block_size ids of the tokenizer's vocabulary."""
+        if len(prompt) == 0:
+            raise ValueError("the prompt has no tokens; send some text, or the end-of-text token to start afresh")
+        if len(prompt) > self.block_size:
+            raise ValueError(
+                f"the prompt has {len(prompt)} tokens but the model's context is {self.block_size}; shorten it"
+            )
+        for token in prompt:
+            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < self.vocab_limit:
+                raise ValueError(f"prompt token {token!r} is not a token id in [0, {self.vocab_limit})")
+
+    # ------------------------------------------------------------------------------------ the loop
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._waiting and not self._rows and not self._closing:
+                    self._lock.wait()
+                if self._aborting or (self._closing and not self._waiting and not self._rows):
+                    break
+                admitted = self._take_admissions()
+            try:
+                self._turn(admitted)
+            except Exception:  # a bug of ours: fail the sequences in hand, keep serving the others
+                logger.exception("engine step failed; ending the sequences in it")
+                self._fail([*admitted, *self._rows], "internal error while generating")
+        self._fail(self._rows, "the server is shutting down")  # only after an abort: a drain leaves none
+        self._abort_waiting()
+
+    def _take_admissions(self) -> list[_Sequence]:
+        """Waiting sequences for the free rows, up to the prefill budget (called with the lock held)."""
+        admitted: list[_Sequence] = []
+        free = self._batch.max_rows - len(self._rows)
+        budget = PREFILL_TOKENS_PER_TURN
+        while self._waiting and len(admitted) < free:
+            prompt_tokens = len(self._waiting[0].request.prompt)
+            if admitted and prompt_tokens > budget:
+                break
+            budget -= prompt_tokens
+            admitted.append(self._waiting.popleft())
+        return admitted
+
+    def _turn(self, admitted: list[_Sequence]) -> None:
+        for sequence in admitted:
+            if not sequence.cancelled:
+                self._admit(sequence)
+            else:
+                self._finish(sequence, reason="cancelled")
+        for sequence in [s for s in self._rows if s.cancelled]:
+            self._finish(sequence, reason="cancelled")
+        if self._rows:
+            tokens = torch.tensor([sequence.pending for sequence in self._rows], dtype=torch.long)
+            logits = self._batch.step(tokens)  # (B, V)
+            self._sample(list(self._rows), logits)
+
+    @torch.no_grad()
+    def _admit(self, sequence: _Sequence) -> None:
+        """Prefill the prompt, then draw the first token (or, with nothing to generate, just score the prompt)."""
+        request = sequence.request
+        sequence.text = TextAssembler(self.tokenizer, request.params.stop)
+        prompt = list(request.prompt)
+        if sequence.max_new == 0:
+            prompt_logprobs = self._prompt_logprobs(prompt, request.logprobs or 0) if request.prompt_logprobs else None
+            self._finish(sequence, reason="length", prompt_logprobs=prompt_logprobs)
+            return
+        logits = self._batch.join(prompt, all_logits=request.prompt_logprobs)  # (V,) or (P, V)
+        sequence.row = len(self._rows)
+        self._rows.append(sequence)
+        prompt_logprobs = None
+        if request.prompt_logprobs:
+            prompt_logprobs = self._score(prompt, logits, request.logprobs or 0)
+            logits = logits[-1]
+        self._sample([sequence], logits.unsqueeze(0), prompt_logprobs=prompt_logprobs)
+
+    def _prompt_logprobs(self, prompt: list[int], top: int) -> list[TokenLogprob | None]:
+        """Score a prompt that is not continued: one forward of its own, no cache."""
+        ids = torch.tensor([prompt], dtype=torch.long, device=self.device)  # (1, P)
+        logits = self.model.lm_head(self.model.hidden_states(ids, validate=False)[0])  # (P, V)
+        return self._score(prompt, logits, top)
+
+    def _score(self, prompt: list[int], logits: torch.Tensor, top: int) -> list[TokenLogprob | None]:
+        """Each prompt token's log-probability given the tokens before it; logits (P, V), row t predicts t + 1."""
+        logprobs = F.log_softmax(self._limit(logits.float()), dim=-1)  # (P, V)
+        scored: list[TokenLogprob | None] = [None]
+        for position, token in enumerate(prompt[1:]):
+            scored.append(self._token_logprob(logprobs[position], token, top))
+        return scored
+
+    def _limit(self, logits: torch.Tensor) -> torch.Tensor:
+        """(..., V) logits with the ids the tokenizer lacks (a padded vocabulary) at -inf, in place."""
+        if self.vocab_limit < self.vocab_size:
+            logits[..., self.vocab_limit :] = float("-inf")
+        return logits
+
+    @staticmethod
+    def _token_logprob(logprobs: torch.Tensor, token: int, top: int) -> TokenLogprob:
+        """logprobs (V,) of one position -> the token's own and the `top` most likely alternatives."""
+        alternatives: tuple[tuple[int, float], ...] = ()
+        if top:
+            values, ids = torch.topk(logprobs, top)
+            alternatives = tuple(zip(ids.tolist(), values.tolist(), strict=True))
+        return TokenLogprob(token, float(logprobs[token]), alternatives)
+
+    def _sample(
+        self,
+        sequences: list[_Sequence],
+        logits: torch.Tensor,
+        *,
+        prompt_logprobs: list[TokenLogprob | None] | None = None,
+    ) -> None:
+        """Draw the next token of each sequence from its row of logits (B, V), hand out the text, and let the
+        finished leave."""
+        logits = self._limit(logits.float())
+        for row, sequence in enumerate(sequences):
+            request, params = sequence.request, sequence.request.params
+            row_logits = logits[row : row + 1]  # (1, V)
+            logprobs = F.log_softmax(row_logits[0], dim=-1) if request.logprobs is not None else None
+            if sequence.counts is not None:
+                penalties = request.penalties
+                row_logits = (
+                    row_logits
+                    - penalties.frequency * sequence.counts
+                    - penalties.presence * (sequence.counts > 0).float()
+                )
+            if sequence.bias is not None:
+                row_logits = row_logits + sequence.bias
+            temperature = params.temperature if params.temperature >= GREEDY_BELOW_TEMPERATURE else 0.0
+            token = int(
+                sample_next_token(
+                    row_logits,
+                    temperature=temperature,
+                    top_k=params.top_k,
+                    top_p=params.top_p,
+                    generator=sequence.generator,
+                )[0]
+            )
+            self._accept(sequence, token, logprobs, prompt_logprobs)
+
+    def _accept(
+        self,
+        sequence: _Sequence,
+        token: int,
+        logprobs: torch.Tensor | None,
+        prompt_logprobs: list[TokenLogprob | None] | None,
+    ) -> None:
+        """Record a drawn token: its text goes to the sink, and the sequence ends when it should."""
+        assert sequence.text is not None
+        sequence.generated += 1
+        sequence.pending = token
+        if sequence.counts is not None:
+            sequence.counts[token] += 1
+        output = SequenceOutput(sequence.index, prompt_logprobs=prompt_logprobs, completion_tokens=sequence.generated)
+        reason = None
+        if token == self.eot_token or token in sequence.stop_ids:
+            reason = "stop"
+        else:
+            output.token_ids.append(token)
+            if logprobs is not None:
+                output.logprobs.append(self._token_logprob(logprobs, token, sequence.request.logprobs or 0))
+            output.text, stopped = sequence.text.push(token)
+            if stopped:
+                reason = "stop"
+        if reason is None and sequence.generated >= sequence.max_new:
+            reason = "length"
+        if reason is not None:
+            output.text += sequence.text.finish()
+            self._finish(sequence, reason=reason, output=output)
+        else:
+            self._emit(sequence, output)
+
+    # ------------------------------------------------------------------------------------ endings
+    def _finish(
+        self,
+        sequence: _Sequence,
+        *,
+        reason: str | None = None,
+        error: str | None = None,
+        output: SequenceOutput | None = None,
+        prompt_logprobs: list[TokenLogprob | None] | None = None,
+    ) -> None:
+        """The sequence's final output; it leaves the batch."""
+        if sequence.done:
+            return
+        sequence.done = True
+        if sequence.row >= 0 and sequence in self._rows:
+            moved = self._batch.leave(sequence.row)
+            self._rows[sequence.row] = self._rows[-1]
+            self._rows.pop()
+            if moved is not None:
+                self._rows[sequence.row].row = sequence.row
+            sequence.row = -1
+        output = output or SequenceOutput(sequence.index, completion_tokens=sequence.generated)
+        output.finish_reason = None if error else reason
+        output.error = error
+        if prompt_logprobs is not None:
+            output.prompt_logprobs = prompt_logprobs
+        self._emit(sequence, output)
+
+    @staticmethod
+    def _emit(sequence: _Sequence, output: SequenceOutput) -> None:
+        try:
+            sequence.sink(output)
+        except Exception:  # a consumer that went away must not stop the engine
+            logger.warning("could not deliver an output of sequence %d", sequence.index, exc_info=True)
+
+    def _cancel(self, sequences: list[_Sequence]) -> None:
+        """Mark sequences cancelled; the queued ones end here, the active ones at the next step boundary."""
+        with self._lock:
+            for sequence in sequences:
+                sequence.cancelled = True
+            queued = [sequence for sequence in sequences if sequence in self._waiting and not sequence.done]
+            for sequence in queued:
+                self._waiting.remove(sequence)
+            self._lock.notify()
+        for sequence in queued:
+            sequence.done = True
+            self._emit(sequence, SequenceOutput(sequence.index, finish_reason="cancelled"))
+
+    def _abort_waiting(self) -> None:
+        with self._lock:
+            queued = list(self._waiting)
+            self._waiting.clear()
+        for sequence in queued:
+            if not sequence.done:
+                sequence.done = True
+                self._emit(sequence, SequenceOutput(sequence.index, error="the server is shutting down"))
+
+    def _fail(self, sequences: list[_Sequence], error: str) -> None:
+        """End sequences with an error and empty the batch."""
+        failed = list(sequences)
+        self._rows.clear()
+        self._batch.clear()
+        for sequence in failed:
+            sequence.row = -1
+            self._finish(sequence, error=error)

@@ -1,0 +1,381 @@
+"""The OpenAI wire format: request bodies in (checked field by field), response bodies and stream chunks out.
+
+Requests are plain JSON objects read here, not pydantic models, so that every mistake becomes one OpenAI-shaped
+error (`APIError` -> `{"error": {"message", "type", "param", "code"}}`, status 400) naming the field, and so that
+the sampling fields are checked where they are defined: `SamplingParams` is built from the body and its
+ValueError becomes the 400. Fields the API has and this server lacks (`suffix`, `best_of` other than n, tools)
+are refused; unknown fields are ignored, as clients send extras.
+
+Completions (`/v1/completions`) and chat (`/v1/chat/completions`) share the sampling fields: max_tokens,
+temperature, top_p, top_k (an extension, as in vLLM), n, stop, seed, presence_penalty, frequency_penalty,
+logit_bias, stream, stream_options.include_usage.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpt2.inference.sampling import SamplingParams
+from gpt2.serve.chat import ChatMessage, parse_messages
+from gpt2.serve.engine import MAX_TOP_LOGPROBS, Penalties, SequenceOutput, TokenLogprob
+from gpt2.tokenizer.protocol import TextTokenizer
+
+MAX_TEMPERATURE = 2.0  # OpenAI's range is [0, 2]
+MAX_STOP_TEXTS = 16
+MAX_STOP_CHARS = 256
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # seeds are 64-bit, as a torch.Generator takes them
+SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids", "seed", "n")
+
+
+class APIError(Exception):
+    """An error answered to the client in OpenAI's shape, with an HTTP status."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+# ------------------------------------------------------------------------------------------ requests
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What both endpoints ask for, checked."""
+
+    model: str
+    params: SamplingParams
+    penalties: Penalties = field(default_factory=Penalties)
+    logprobs: int | None = None
+    """Alternatives per generated token (0: only the token's own log-probability); None: no logprobs."""
+    stream: bool = False
+    include_usage: bool = False
+
+
+@dataclass(frozen=True)
+class CompletionRequest(GenerationRequest):
+    prompts: tuple[str | tuple[int, ...], ...] = ()
+    """Each prompt is a text or token ids; a request for n continuations of k prompts has k * n choices."""
+    echo: bool = False
+
+
+@dataclass(frozen=True)
+class ChatRequest(GenerationRequest):
+    messages: tuple[ChatMessage, ...] = ()
+
+
+def parse_completion_request(body: Any, *, max_prompts: int) -> CompletionRequest:
+    """A /v1/completions body -> CompletionRequest; APIError (400) naming the field otherwise."""
+    body = _object(body)
+    if _get(body, "suffix") is not None:
+        raise bad_request("suffix is not supported by this model", "suffix")
+    logprobs = _get(body, "logprobs")
+    if logprobs is not None and (not _is_int(logprobs) or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
+        raise bad_request(
+            f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}] or null, got {logprobs!r}", "logprobs"
+        )
+    common = _generation_fields(body, default_max_tokens=SamplingParams().max_tokens)
+    return CompletionRequest(
+        **common,
+        logprobs=logprobs,
+        prompts=_prompts(_get(body, "prompt"), max_prompts),
+        echo=_bool(body, "echo"),
+    )
+
+
+def parse_chat_request(body: Any) -> ChatRequest:
+    """A /v1/chat/completions body -> ChatRequest; APIError (400) naming the field otherwise.
+
+    max_tokens (or max_completion_tokens) defaults to the rest of the context. logprobs is a boolean here,
+    top_logprobs the number of alternatives."""
+    body = _object(body)
+    for unsupported in ("tools", "functions", "tool_choice", "response_format"):
+        if _get(body, unsupported) is not None:
+            raise bad_request(f"{unsupported} is not supported by this model", unsupported)
+    logprobs = _bool(body, "logprobs")
+    top = _get(body, "top_logprobs")
+    if top is not None and (not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS):
+        raise bad_request(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top!r}", "top_logprobs")
+    if top is not None and not logprobs:
+        raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
+    if _get(body, "max_tokens") is None and _get(body, "max_completion_tokens") is not None:
+        body = {**body, "max_tokens": body["max_completion_tokens"]}
+    common = _generation_fields(body, default_max_tokens=None)
+    try:
+        messages = parse_messages(_get(body, "messages"))
+    except ValueError as err:
+        raise bad_request(str(err), "messages") from err
+    return ChatRequest(**common, logprobs=(top or 0) if logprobs else None, messages=messages)
+
+
+def _generation_fields(body: dict[str, Any], *, default_max_tokens: int | None) -> dict[str, Any]:
+    model = _get(body, "model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("model is required: the name /v1/models lists", "model")
+    max_tokens = _get(body, "max_tokens")
+    if max_tokens is None:
+        # None: as many as fit (the engine caps every completion at the context anyway)
+        max_tokens = default_max_tokens if default_max_tokens is not None else INT64_MAX
+    temperature = _get(body, "temperature", 1.0)
+    if isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature > MAX_TEMPERATURE:
+        raise bad_request(f"temperature must be in [0, {MAX_TEMPERATURE}], got {temperature!r}", "temperature")
+    top_k = _get(body, "top_k")
+    if top_k == -1 or top_k == 0:
+        top_k = None  # vLLM's and others' spelling of "no top-k"
+    stop = _get(body, "stop", ())
+    if isinstance(stop, str):
+        stop = (stop,)
+    if not isinstance(stop, list | tuple) or not all(isinstance(text, str) for text in stop):
+        raise bad_request(f"stop must be a string or a list of strings, got {_describe(stop)}", "stop")
+    if len(stop) > MAX_STOP_TEXTS or any(len(text) > MAX_STOP_CHARS for text in stop):
+        raise bad_request(f"stop takes at most {MAX_STOP_TEXTS} texts of at most {MAX_STOP_CHARS} characters", "stop")
+    n = _get(body, "n", 1)
+    best_of = _get(body, "best_of")
+    if best_of is not None and best_of != n:
+        raise bad_request("best_of is not supported (other than equal to n)", "best_of")
+    seed = _get(body, "seed")
+    if _is_int(seed) and _is_int(n) and not INT64_MIN <= seed <= INT64_MAX - max(n, 1):
+        raise bad_request(f"seed must be a 64-bit integer, got {seed}", "seed")
+    stream = _bool(body, "stream")
+    options = _get(body, "stream_options")
+    if options is not None and (not isinstance(options, dict) or not stream):
+        raise bad_request("stream_options must be an object, and only with stream: true", "stream_options")
+    include_usage = bool(options and _bool(options, "include_usage", param="stream_options.include_usage"))
+    try:
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=_get(body, "top_p", 1.0),
+            top_k=top_k,
+            stop=tuple(stop),
+            stop_token_ids=tuple(_list(body, "stop_token_ids")),
+            seed=seed,
+            n=n,
+        )
+    except ValueError as err:
+        raise bad_request(str(err), _field_named(str(err))) from err
+    return dict(
+        model=model,
+        params=params,
+        penalties=_penalties(body),
+        stream=stream,
+        include_usage=include_usage,
+    )
+
+
+def _penalties(body: dict[str, Any]) -> Penalties:
+    bias = _get(body, "logit_bias", {})
+    if not isinstance(bias, dict):
+        raise bad_request(f"logit_bias must be an object of token id -> bias, got {_describe(bias)}", "logit_bias")
+    token_bias: dict[int, float] = {}
+    for key, value in bias.items():
+        if not isinstance(key, str) or not key.isdigit() or len(key) > 12:
+            raise bad_request(f'logit_bias keys must be token ids such as "50256", got {key!r}', "logit_bias")
+        token_bias[int(key)] = value
+    try:
+        return Penalties(
+            presence=_get(body, "presence_penalty", 0.0),
+            frequency=_get(body, "frequency_penalty", 0.0),
+            logit_bias=token_bias,
+        )
+    except ValueError as err:
+        raise bad_request(str(err), _field_named(str(err))) from err
+
+
+def _prompts(prompt: Any, max_prompts: int) -> tuple[str | tuple[int, ...], ...]:
+    """prompt: a string, a list of strings, a list of token ids, or a list of lists of token ids. Missing: the
+    end-of-text token (a new document), as in OpenAI's API."""
+    if prompt is None:
+        return ((),)  # the app turns an empty token prompt into <|endoftext|>
+    if isinstance(prompt, str):
+        return (prompt,)
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(item, str) for item in prompt):
+            prompts: tuple[str | tuple[int, ...], ...] = tuple(prompt)
+        elif all(_is_int(item) for item in prompt):
+            prompts = (tuple(prompt),)
+        elif all(isinstance(item, list) and all(_is_int(token) for token in item) for item in prompt):
+            prompts = tuple(tuple(item) for item in prompt)
+        else:
+            prompts = ()
+        if prompts and len(prompts) > max_prompts:
+            raise bad_request(f"at most {max_prompts} prompts per request, got {len(prompts)}", "prompt")
+        if prompts:
+            return prompts
+    raise bad_request(
+        "prompt must be a string, a list of strings, a list of token ids or a list of such lists, got "
+        f"{_describe(prompt)}",
+        "prompt",
+    )
+
+
+# ------------------------------------------------------------------------------------------ field readers
+def _object(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise bad_request(f"the request body must be a JSON object, got {_describe(body)}")
+    return body
+
+
+def _get(body: dict[str, Any], name: str, default: Any = None) -> Any:
+    value = body.get(name)
+    return default if value is None else value
+
+
+def _bool(body: dict[str, Any], name: str, default: bool = False, *, param: str | None = None) -> bool:
+    value = _get(body, name, default)
+    if not isinstance(value, bool):
+        raise bad_request(f"{param or name} must be true or false, got {_describe(value)}", param or name)
+    return value
+
+
+def _list(body: dict[str, Any], name: str) -> list[Any]:
+    value = _get(body, name, [])
+    if not isinstance(value, list):
+        raise bad_request(f"{name} must be a list, got {_describe(value)}", name)
+    return value
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _field_named(message: str) -> str | None:
+    """The request field a validation message starts with (SamplingParams names them), if any."""
+    first = message.split(" ", 1)[0]
+    return first if first in (*SAMPLING_FIELDS, "presence_penalty", "frequency_penalty", "logit_bias") else None
+
+
+def reject_constant(name: str) -> float:
+    """For json.loads(parse_constant=...): NaN and Infinity are not JSON numbers a client may send."""
+    raise bad_request(f"{name} is not a valid JSON number")
+
+
+# ------------------------------------------------------------------------------------------ responses
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+@dataclass
+class Choice:
+    """One choice's output, gathered from the engine's SequenceOutputs."""
+
+    index: int
+    prompt_ids: Sequence[int] = ()
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    finish_reason: str | None = None
+    completion_tokens: int = 0
+    error: str | None = None
+
+    def add(self, output: SequenceOutput) -> None:
+        self.text += output.text
+        self.token_ids += output.token_ids
+        self.logprobs += output.logprobs
+        if output.prompt_logprobs is not None:
+            self.prompt_logprobs = output.prompt_logprobs
+        self.finish_reason = output.finish_reason or self.finish_reason
+        self.completion_tokens = max(self.completion_tokens, output.completion_tokens)
+        self.error = output.error or self.error
+
+
+class LogprobFormatter:
+    """Token ids and TokenLogprobs in the two shapes OpenAI uses: the completions API's parallel lists
+    (tokens, token_logprobs, top_logprobs, text_offset) and the chat API's list of token objects."""
+
+    def __init__(self, tokenizer: TextTokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def token_text(self, token: int) -> str:
+        return self.tokenizer.decode([token])
+
+    def completion(
+        self,
+        tokens: Sequence[int],
+        logprobs: Sequence[TokenLogprob | None],
+        *,
+        offset: int = 0,
+    ) -> dict[str, list[Any]]:
+        """The `logprobs` object of a completion choice (or chunk): one entry per token; a None (the first
+        prompt token) has null log-probabilities."""
+        texts = [self.token_text(token) for token in tokens]
+        offsets = []
+        for text in texts:
+            offsets.append(offset)
+            offset += len(text)
+        return {
+            "tokens": texts,
+            "token_logprobs": [None if item is None else _finite(item.logprob) for item in logprobs],
+            "top_logprobs": [
+                None if item is None else {self.token_text(t): _finite(lp) for t, lp in item.top} for item in logprobs
+            ],
+            "text_offset": offsets,
+        }
+
+    def chat(self, logprobs: Sequence[TokenLogprob]) -> dict[str, list[dict[str, Any]]]:
+        """The `logprobs` object of a chat choice (or chunk)."""
+        return {
+            "content": [
+                {
+                    **self._token(item.token, item.logprob),
+                    "top_logprobs": [self._token(token, logprob) for token, logprob in item.top],
+                }
+                for item in logprobs
+            ]
+        }
+
+    def _token(self, token: int, logprob: float) -> dict[str, Any]:
+        return {
+            "token": self.token_text(token),
+            "logprob": _finite(logprob),
+            "bytes": list(self.tokenizer.decode_bytes([token])),
+        }
+
+
+# the log-probability of an impossible token (a padded id, a -inf logit) is -inf, which JSON cannot carry
+LOGPROB_FLOOR = -9999.0
+
+
+def _finite(logprob: float) -> float:
+    return logprob if math.isfinite(logprob) else LOGPROB_FLOOR

@@ -1,0 +1,814 @@
+"""The OpenAI-compatible server (gpt2.serve): what the official `openai` client gets equals what the library
+computes offline (generate, the scorer, transformers); continuous batching computes what each request computes
+alone; every error is OpenAI-shaped and no client input gets a 5xx.
+
+Servers run in-process with uvicorn on 127.0.0.1 and a free port (the real client needs a real socket), over a
+tiny random model with the byte tokenizer (GPT-2's BPE where the scorer's text handling matters). Tests that must
+catch the engine mid-request hold it before each decode step (`StepGate`), so nothing depends on timing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import shared_file
+from gpt2.api import LLM
+from gpt2.config import GPTConfig
+from gpt2.inference import SamplingParams, generate
+from gpt2.model import GPT
+from gpt2.serve import (
+    CHAT_STOP,
+    ChatMessage,
+    DecodeBatch,
+    Engine,
+    SequenceOutput,
+    SequenceRequest,
+    ServerConfig,
+    render_chat,
+)
+from gpt2.tokenizer import ByteTokenizer, load_tokenizer
+from gpt2.weights import save_pretrained
+
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+MODEL = "tiny"
+BLOCK_SIZE = 128
+WAIT_SECONDS = 60  # an upper bound on waits for a server or an engine, never a timing claim
+
+
+def tiny_gpt(vocab_size: int = ByteTokenizer.vocab_size, block_size: int = BLOCK_SIZE, seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=vocab_size, block_size=block_size))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.3)  # peaked distributions: greedy text is not a run of ties
+        if vocab_size == ByteTokenizer.vocab_size:
+            # end-of-text's logit is then 0 while the best of 256 random logits is far above: greedy text runs on
+            model.transformer.wte.weight[ByteTokenizer.eot_token].zero_()
+    return model.eval()
+
+
+def save_model(directory: Path, model: GPT, tokenizer: Any) -> Path:
+    save_pretrained(model, directory)
+    tokenizer.save(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_model(tmp_path_factory.mktemp("tiny"), tiny_gpt(), ByteTokenizer())
+
+
+@pytest.fixture(scope="module")
+def llm(model_dir: Path) -> LLM:
+    """What the server serves."""
+    return LLM.load(model_dir)
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir: Path) -> LLM:
+    """A second copy for the offline answers, so the test thread never shares a model with the engine."""
+    return LLM.load(model_dir)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def running(llm: LLM, **settings: Any) -> Iterator[str]:
+    """A server for `llm` on a free loopback port in a background thread; yields its base URL."""
+    from gpt2.serve import uvicorn_server
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn_server(llm, ServerConfig(model_name=MODEL, port=port, **settings), log_level="warning")
+    thread = threading.Thread(target=server.run, kwargs=dict(sockets=[sock]), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + WAIT_SECONDS
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(WAIT_SECONDS)
+        sock.close()
+
+
+@pytest.fixture(scope="module")
+def base_url(llm: LLM) -> Iterator[str]:
+    with running(llm) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(base_url: str) -> Any:
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
+
+
+def post(url: str, body: Any, **options: Any) -> Any:
+    return httpx.post(f"{url}/v1/completions", json=body, timeout=WAIT_SECONDS, **options)
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_SECONDS
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.01)
+
+
+def health(url: str) -> dict[str, Any]:
+    return httpx.get(f"{url}/health", timeout=WAIT_SECONDS).json()
+
+
+class StepGate:
+    """Holds the engine before each decode step until the test lets steps through, and records each step's
+    batch size (every DecodeBatch while the test runs)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.permits = threading.Semaphore(0)
+        self.sizes: list[int] = []
+        real_step = DecodeBatch.step
+
+        def gated_step(batch: DecodeBatch, tokens: torch.Tensor) -> torch.Tensor:
+            assert self.permits.acquire(timeout=WAIT_SECONDS), "the test never let this step through"
+            self.sizes.append(batch.size)
+            return real_step(batch, tokens)
+
+        monkeypatch.setattr(DecodeBatch, "step", gated_step)
+
+    def allow(self, steps: int) -> None:
+        self.permits.release(steps)
+
+    def open(self) -> None:
+        self.permits.release(1_000_000)
+
+
+@pytest.fixture
+def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[StepGate]:
+    step_gate = StepGate(monkeypatch)
+    yield step_gate
+    step_gate.open()  # nothing stays blocked after the test
+
+
+# ------------------------------------------------------------------------------------ the batch
+def solo_logits(model: GPT, tokens: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([tokens])).logits[0, -1]
+
+
+def test_batched_logits_equal_each_sequence_alone_as_sequences_join_and_leave() -> None:
+    model = tiny_gpt(block_size=64)
+    batch = DecodeBatch(model, max_rows=4)
+    rng = random.Random(0)
+    rows: list[list[int]] = []
+    widths = []
+    for _ in range(300):
+        if len(rows) < 4 and rng.random() < 0.3:
+            prompt = [rng.randrange(256) for _ in range(rng.randint(1, 40))]
+            logits = batch.join(prompt)
+            torch.testing.assert_close(logits, solo_logits(model, prompt), atol=1e-5, rtol=0)
+            rows.append([*prompt, int(logits.argmax())])
+        for row in reversed(range(len(rows))):
+            if len(rows[row]) == 64 or rng.random() < 0.04:  # at the context, or at random
+                batch.leave(row)
+                rows[row] = rows[-1]
+                rows.pop()
+        if not rows:
+            continue
+        logits = batch.step(torch.tensor([tokens[-1] for tokens in rows]))
+        widths.append(batch.width)
+        for row, tokens in enumerate(rows):
+            torch.testing.assert_close(logits[row], solo_logits(model, tokens), atol=1e-5, rtol=0)
+            tokens.append(int(logits[row].argmax()))
+    assert max(widths) == 64  # the cache filled up and was compacted, and the logits stayed the same
+
+
+def test_a_long_prompt_moves_the_running_rows_right_and_a_full_cache_moves_them_left() -> None:
+    model = tiny_gpt(block_size=32)
+    batch = DecodeBatch(model, max_rows=2)
+    short, long = [1, 2, 3], list(range(10, 30))
+    tokens = [[*short, int(batch.join(short).argmax())]]
+    assert batch.width == 3
+    tokens.append([*long, int(batch.join(long).argmax())])
+    assert batch.width == 20 and batch.lengths == [3, 20]  # the short row now sits in columns [17, 20)
+    while len(tokens[1]) < 32:
+        logits = batch.step(torch.tensor([row[-1] for row in tokens]))
+        for row, sequence in enumerate(tokens):
+            torch.testing.assert_close(logits[row], solo_logits(model, sequence), atol=1e-5, rtol=0)
+            sequence.append(int(logits[row].argmax()))
+    batch.leave(1)  # the long one reached the context
+    assert batch.width == 31
+    logits = batch.step(torch.tensor([tokens[0][-1]]))  # shared padding of 17 of 31 columns: moved left
+    assert batch.width == len(tokens[0])
+    torch.testing.assert_close(logits[0], solo_logits(model, tokens[0]), atol=1e-5, rtol=0)
+
+
+def test_a_prompt_must_leave_room_for_a_token() -> None:
+    batch = DecodeBatch(tiny_gpt(block_size=16), max_rows=1)
+    with pytest.raises(ValueError, match="a prompt must hold 1 to 15 tokens"):
+        batch.join(list(range(16)))
+
+
+# ------------------------------------------------------------------------------------ the engine
+class Collector:
+    """A sink that gathers each sequence's outputs and says when all have ended."""
+
+    def __init__(self, count: int) -> None:
+        self.outputs: list[list[SequenceOutput]] = [[] for _ in range(count)]
+        self.done = threading.Event()
+        self._ended = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, output: SequenceOutput) -> None:
+        with self._lock:
+            self.outputs[output.index].append(output)
+            if output.final:
+                self._ended += 1
+                if self._ended == len(self.outputs):
+                    self.done.set()
+
+    def text(self, index: int) -> str:
+        return "".join(output.text for output in self.outputs[index])
+
+    def finish(self, index: int) -> SequenceOutput:
+        return self.outputs[index][-1]
+
+
+def test_sequences_join_a_running_batch_and_each_gets_its_solo_answer(reference: LLM, gate: StepGate) -> None:
+    engine = Engine(tiny_gpt(), ByteTokenizer(), max_batch=4)
+    tokenizer = ByteTokenizer()
+    first = SequenceRequest(tokenizer.encode("Hello"), SamplingParams(max_tokens=40, temperature=0))
+    second = SequenceRequest(tokenizer.encode("Hi there, you"), SamplingParams(max_tokens=30, seed=5, top_k=20))
+    early, late = Collector(1), Collector(1)
+    engine.submit([first], early)
+    wait_until(lambda: engine.active == 1, "the first sequence to start")  # held before its first step
+    engine.submit([second], late)
+    gate.open()
+    assert early.done.wait(WAIT_SECONDS) and late.done.wait(WAIT_SECONDS)
+    engine.stop()
+    assert early.text(0) == reference.generate("Hello", first.params)[0]
+    assert late.text(0) == reference.generate("Hi there, you", second.params)[0]
+    assert gate.sizes[0] == 1 and 2 in gate.sizes  # it joined the running batch
+
+
+def test_stopping_the_engine_ends_running_sequences_with_an_error(gate: StepGate) -> None:
+    engine = Engine(tiny_gpt(), ByteTokenizer(), max_batch=1)
+    collector = Collector(2)
+    engine.submit([SequenceRequest([104, 105], SamplingParams(max_tokens=50))] * 2, collector)
+    wait_until(lambda: engine.active == 1, "the first sequence to start")
+    stopper = threading.Thread(target=engine.stop, kwargs=dict(timeout=0.0))
+    stopper.start()
+    gate.open()
+    stopper.join(WAIT_SECONDS)
+    assert collector.done.is_set()
+    assert [collector.finish(index).error for index in range(2)] == ["the server is shutting down"] * 2
+
+
+# ------------------------------------------------------------------------------------ completions
+def test_models_lists_the_served_model(client: Any) -> None:
+    models = client.models.list()
+    assert [model.id for model in models] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(max_tokens=30, temperature=0),
+        dict(max_tokens=30, seed=7),
+        dict(max_tokens=40, seed=3, temperature=0.7, top_p=0.8, top_k=40),
+        dict(max_tokens=60, temperature=0, stop=["2", "xyz"]),
+    ],
+    ids=["greedy", "seeded", "filtered", "stop"],
+)
+def test_completion_text_equals_generate_on_the_same_settings(client: Any, reference: LLM, settings: dict) -> None:
+    top_k = settings.pop("top_k", None)
+    response = client.completions.create(
+        model=MODEL, prompt="Once upon a time", extra_body={"top_k": top_k} if top_k else None, **settings
+    )
+    expected = reference.generate("Once upon a time", SamplingParams(top_k=top_k, **settings))[0]
+    assert response.choices[0].text == expected
+
+
+def test_streamed_completion_text_equals_the_plain_completion(client: Any) -> None:
+    settings = dict(model=MODEL, prompt="Streaming", max_tokens=40, seed=11)
+    plain = client.completions.create(**settings).choices[0]
+    chunks = list(client.completions.create(stream=True, **settings))
+    assert "".join(chunk.choices[0].text for chunk in chunks) == plain.text
+    assert chunks[-1].choices[0].finish_reason == plain.finish_reason == "length"
+
+
+def test_the_stream_is_server_sent_events_ending_with_done_and_usage(base_url: str) -> None:
+    body = dict(model=MODEL, prompt="abc", max_tokens=5, temperature=0, stream=True)
+    body["stream_options"] = {"include_usage": True}
+    with httpx.stream("POST", f"{base_url}/v1/completions", json=body, timeout=WAIT_SECONDS) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in response.iter_lines() if line]
+    assert all(event.startswith("data: ") for event in events)
+    assert events[-1] == "data: [DONE]"
+    last = json.loads(events[-2][len("data: ") :])
+    assert last["choices"] == [] and last["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+
+
+def test_n_choices_use_consecutive_seeds_like_generate(client: Any, reference: LLM) -> None:
+    response = client.completions.create(model=MODEL, prompt="Dice", max_tokens=12, n=3, seed=100)
+    expected = reference.generate("Dice", SamplingParams(max_tokens=12, n=3, seed=100))
+    assert [choice.index for choice in response.choices] == [0, 1, 2]
+    assert [choice.text for choice in response.choices] == expected
+
+
+def test_a_list_of_prompts_gets_its_choices_in_order(client: Any, reference: LLM) -> None:
+    prompts = ["one", "two", "three"]
+    response = client.completions.create(model=MODEL, prompt=prompts, max_tokens=8, temperature=0, n=2)
+    greedy = SamplingParams(max_tokens=8, temperature=0)
+    assert [choice.text for choice in response.choices] == [
+        reference.generate(prompt, greedy)[0] for prompt in prompts for _ in range(2)
+    ]
+    assert response.usage.prompt_tokens == len("one") + len("two") + len("three")
+
+
+def test_a_token_id_prompt_equals_the_text_prompt(client: Any) -> None:
+    as_text = client.completions.create(model=MODEL, prompt="Bytes!", max_tokens=10, temperature=0)
+    as_ids = client.completions.create(model=MODEL, prompt=list(b"Bytes!"), max_tokens=10, temperature=0)
+    assert as_ids.choices[0].text == as_text.choices[0].text
+
+
+def test_usage_counts_prompt_and_completion_tokens(client: Any) -> None:
+    response = client.completions.create(model=MODEL, prompt="count me", max_tokens=9, temperature=0)
+    assert (response.usage.prompt_tokens, response.usage.completion_tokens, response.usage.total_tokens) == (8, 9, 17)
+
+
+def test_greedy_completion_equals_transformers(client: Any, model_dir: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.GPT2LMHeadModel.from_pretrained(model_dir).eval()
+    prompt = "The tiny model says"
+    ids = torch.tensor([list(prompt.encode())])
+    expected = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=40)
+    new = [token for token in expected[0, ids.size(1) :].tolist()]
+    new = new[: new.index(256)] if 256 in new else new  # our text ends at end-of-text
+    response = client.completions.create(model=MODEL, prompt=prompt, max_tokens=40, temperature=0)
+    assert response.choices[0].text == ByteTokenizer().decode(new)
+
+
+def test_max_tokens_is_capped_by_the_context(client: Any) -> None:
+    prompt = "x" * (BLOCK_SIZE - 5)
+    response = client.completions.create(model=MODEL, prompt=prompt, max_tokens=50, temperature=0)
+    assert response.usage.completion_tokens == 5 and response.choices[0].finish_reason == "length"
+
+
+def test_a_prompt_longer_than_the_context_is_refused_with_400(client: Any) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model=MODEL, prompt="x" * (BLOCK_SIZE + 1), max_tokens=1)
+    assert caught.value.body["code"] == "context_length_exceeded" and caught.value.body["param"] == "prompt"
+
+
+# ------------------------------------------------------------------------------------ logprobs
+def test_echo_with_max_tokens_0_gives_every_prompt_tokens_logprob_as_transformers(client: Any, model_dir: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.GPT2LMHeadModel.from_pretrained(model_dir).eval()
+    text = "Every token scored."
+    response = client.completions.create(model=MODEL, prompt=text, max_tokens=0, echo=True, logprobs=3)
+    choice = response.choices[0]
+    choice_logprobs = choice.logprobs
+    ids = list(text.encode())
+    with torch.no_grad():
+        expected = F.log_softmax(hf(torch.tensor([ids])).logits[0].double(), dim=-1)  # (T, V)
+    assert choice.text == text and choice_logprobs.tokens == list(text)
+    assert choice_logprobs.token_logprobs[0] is None and choice_logprobs.top_logprobs[0] is None
+    got = torch.tensor(choice_logprobs.token_logprobs[1:], dtype=torch.float64)
+    torch.testing.assert_close(got, expected[:-1].gather(1, torch.tensor(ids[1:])[:, None])[:, 0], atol=1e-4, rtol=0)
+    for position, top in enumerate(choice_logprobs.top_logprobs[1:]):
+        values, top_ids = expected[position].topk(3)
+        texts = [ByteTokenizer().decode([token]) for token in top_ids.tolist()]  # bytes >= 128 alone are U+FFFD
+        assert top == pytest.approx(dict(zip(texts, values.tolist(), strict=True)), abs=1e-4)
+
+
+@pytest.fixture(scope="module")
+def bpe_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LLM]]:
+    """A server over a tiny model with GPT-2's own tokenizer."""
+    shared_file("gpt2-bpe/encoder.json")
+    tokenizer = load_tokenizer(shared_file("gpt2-bpe/vocab.bpe").parent)
+    directory = save_model(tmp_path_factory.mktemp("bpe"), tiny_gpt(vocab_size=50257), tokenizer)
+    served = LLM.load(directory)
+    with running(served) as url:
+        yield url, LLM.load(directory)
+
+
+def test_echo_logprobs_equal_the_offline_scorer(bpe_url: tuple[str, LLM]) -> None:
+    from gpt2.eval import encode_pair, score_continuations
+
+    url, offline = bpe_url
+    context, continuation = "The quick brown fox", " jumps over the lazy dog.\n\n  Done"
+    response = post(url, dict(model=MODEL, prompt=context + continuation, max_tokens=0, echo=True, logprobs=0))
+    token_logprobs = response.json()["choices"][0]["logprobs"]["token_logprobs"]
+    context_ids, continuation_ids = encode_pair(offline.tokenizer, context, continuation)
+    assert len(token_logprobs) == len(context_ids) + len(continuation_ids)
+    score = score_continuations(offline.model, [(context_ids, continuation_ids)])[0]
+    assert sum(token_logprobs[-len(continuation_ids) :]) == pytest.approx(-score.loss_sum, abs=1e-4)
+
+
+def test_generated_tokens_logprobs_are_the_models(client: Any, reference: LLM) -> None:
+    response = client.completions.create(model=MODEL, prompt="Scores", max_tokens=6, temperature=0, logprobs=2)
+    logprobs = response.choices[0].logprobs
+    tokens = generate(reference.model, torch.tensor([list(b"Scores")]), 6, temperature=0)[0].tolist()
+    assert logprobs.tokens == [ByteTokenizer().decode([token]) for token in tokens[6:]]
+    with torch.no_grad():
+        expected = F.log_softmax(reference.model(torch.tensor([tokens])).logits[0], dim=-1)  # (T, V)
+    for offset, token in enumerate(tokens[6:]):
+        assert logprobs.token_logprobs[offset] == pytest.approx(float(expected[5 + offset, token]), abs=1e-4)
+        assert len(logprobs.top_logprobs[offset]) == 2
+        assert max(logprobs.top_logprobs[offset].values()) == pytest.approx(logprobs.token_logprobs[offset])  # greedy
+    assert logprobs.text_offset == list(range(6, 12))
+
+
+# ------------------------------------------------------------------------------------ penalties
+def greedy_with_penalties(model: GPT, prompt: list[int], steps: int, presence: float, frequency: float) -> list[int]:
+    """OpenAI's formula, written out: logit -= frequency * count + presence * (count > 0), counts over the
+    completion so far; then argmax."""
+    counts = torch.zeros(model.config.vocab_size)
+    new: list[int] = []
+    for _ in range(steps):
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + new])).logits[0, -1]
+        token = int((logits - frequency * counts - presence * (counts > 0).float()).argmax())
+        if token == ByteTokenizer.eot_token:
+            break
+        new.append(token)
+        counts[token] += 1
+    return new
+
+
+def test_presence_and_frequency_penalties_follow_openais_formula(client: Any, reference: LLM) -> None:
+    settings = dict(model=MODEL, prompt="Repeat", max_tokens=40, temperature=0)
+    plain = client.completions.create(**settings).choices[0].text
+    penalized = client.completions.create(presence_penalty=0.5, frequency_penalty=1.5, **settings).choices[0].text
+    expected = greedy_with_penalties(reference.model, list(b"Repeat"), 40, presence=0.5, frequency=1.5)
+    assert penalized == ByteTokenizer().decode(expected) != plain
+
+
+def test_logit_bias_forces_a_token(client: Any) -> None:
+    response = client.completions.create(model=MODEL, prompt="x", max_tokens=5, temperature=0, logit_bias={"65": 100})
+    assert response.choices[0].text == "AAAAA"
+
+
+# ------------------------------------------------------------------------------------ chat
+def test_chat_reply_is_the_completion_of_the_chat_template(client: Any, reference: LLM) -> None:
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"}]
+    response = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=30, seed=1)
+    prompt = render_chat([ChatMessage(**message) for message in messages])
+    assert prompt == "System: Be brief.\nUser: Hello!\nAssistant:"
+    expected = reference.generate(prompt, SamplingParams(max_tokens=30, seed=1, stop=[CHAT_STOP]))[0]
+    assert response.choices[0].message.role == "assistant"
+    assert response.choices[0].message.content == expected.lstrip()
+    assert response.object == "chat.completion" and response.usage.prompt_tokens == len(prompt)
+
+
+def test_chat_stops_at_the_requests_own_stops_too(client: Any) -> None:
+    settings = dict(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=50, temperature=0)
+    unstopped = client.chat.completions.create(**settings).choices[0].message.content
+    stop = unstopped[-10:-8]  # a text the reply reaches
+    stopped = client.chat.completions.create(stop=stop, **settings).choices[0]
+    assert stopped.finish_reason == "stop" and stopped.message.content == unstopped[: unstopped.index(stop)]
+
+
+def test_streamed_chat_equals_the_plain_chat(client: Any) -> None:
+    settings = dict(model=MODEL, messages=[{"role": "user", "content": "Tell me"}], max_tokens=25, seed=4)
+    plain = client.chat.completions.create(**settings).choices[0]
+    chunks = list(client.chat.completions.create(stream=True, **settings))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks) == plain.message.content
+    assert chunks[-1].choices[0].finish_reason == plain.finish_reason
+
+
+def test_chat_logprobs_give_each_tokens_bytes_and_alternatives(client: Any) -> None:
+    response = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, logprobs=True, top_logprobs=2
+    )
+    content = response.choices[0].logprobs.content
+    assert len(content) == 4 and all(len(item.top_logprobs) == 2 for item in content)
+    assert all(len(item.bytes) == 1 for item in content)  # byte tokenizer: one byte per token
+
+
+# ------------------------------------------------------------------------------------ under load
+def test_16_concurrent_clients_each_get_the_answer_they_get_alone(
+    client: Any, base_url: str, reference: LLM, gate: StepGate
+) -> None:
+    prompts = [("Client number " + str(i) + " says") * (1 + i % 3) for i in range(16)]
+    settings = [
+        [
+            dict(max_tokens=10 + 3 * i, temperature=0),
+            dict(max_tokens=20, seed=i, temperature=0.8, top_k=20),
+            dict(max_tokens=30, seed=i, top_p=0.9, stop=["2"]),
+        ][i % 3]
+        for i in range(16)
+    ]
+
+    def ask(i: int) -> str:
+        options = dict(settings[i])
+        top_k = options.pop("top_k", None)
+        extra = {"top_k": top_k} if top_k else None
+        if i % 4 == 0:  # some stream
+            stream = client.completions.create(model=MODEL, prompt=prompts[i], stream=True, extra_body=extra, **options)
+            return "".join(chunk.choices[0].text for chunk in stream)
+        return client.completions.create(model=MODEL, prompt=prompts[i], extra_body=extra, **options).choices[0].text
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = [pool.submit(ask, i) for i in range(16)]
+        # hold the decode steps until every request is in, so that all 16 decode together
+        wait_until(lambda: health(base_url)["active"] + health(base_url)["waiting"] == 16, "16 requests in flight")
+        gate.open()
+        texts = [answer.result(WAIT_SECONDS) for answer in answers]
+    for i in range(16):
+        assert texts[i] == reference.generate(prompts[i], SamplingParams(**settings[i]))[0], f"client {i}"
+    assert max(gate.sizes) == 16
+
+
+# ------------------------------------------------------------------------------------ errors
+@pytest.mark.parametrize(
+    ("changes", "param"),
+    [
+        (dict(temperature=-1), "temperature"),
+        (dict(temperature=5), "temperature"),
+        (dict(top_p=0), "top_p"),
+        (dict(top_k=0.5), "top_k"),
+        (dict(max_tokens=-1), "max_tokens"),
+        (dict(max_tokens="10"), "max_tokens"),
+        (dict(n=0), "n"),
+        (dict(stop=[1, 2]), "stop"),
+        (dict(stop={"a": 1}), "stop"),
+        (dict(seed=2**70), "seed"),
+        (dict(seed=1.5), "seed"),
+        (dict(logprobs=99), "logprobs"),
+        (dict(presence_penalty=3), "presence_penalty"),
+        (dict(frequency_penalty="x"), "frequency_penalty"),
+        (dict(logit_bias={"x": 1}), "logit_bias"),
+        (dict(logit_bias={"65": 1000}), "logit_bias"),
+        (dict(prompt=[]), "prompt"),
+        (dict(prompt=[1, "a"]), "prompt"),
+        (dict(prompt=[999]), "prompt"),
+        (dict(stream="yes"), "stream"),
+        (dict(echo=1), "echo"),
+        (dict(suffix="!"), "suffix"),
+        (dict(model=None), "model"),
+    ],
+)
+def test_bad_parameters_are_openai_shaped_400s_naming_the_field(base_url: str, changes: dict, param: str) -> None:
+    response = post(base_url, {"model": MODEL, "prompt": "x", "max_tokens": 2, **changes})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and error["param"] == param and error["message"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"{not json", b"[1, 2]", b'"text"', b'{"model": "tiny", "prompt": "x", "temperature": NaN}', b"\xff\xfe", b""],
+    ids=["broken", "array", "string", "nan", "not-utf8", "empty"],
+)
+def test_a_malformed_body_is_a_400(base_url: str, body: bytes) -> None:
+    response = httpx.post(f"{base_url}/v1/completions", content=body, timeout=WAIT_SECONDS)
+    assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_an_unknown_model_is_a_404(client: Any) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.completions.create(model="gpt-4", prompt="x")
+    assert caught.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "x"}])
+
+
+def test_unknown_routes_and_methods_get_openai_shaped_errors(base_url: str) -> None:
+    missing = httpx.get(f"{base_url}/v1/engines", timeout=WAIT_SECONDS)
+    wrong_method = httpx.get(f"{base_url}/v1/completions", timeout=WAIT_SECONDS)
+    assert (missing.status_code, wrong_method.status_code) == (404, 405)
+    assert set(missing.json()["error"]) == set(wrong_method.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_a_body_over_the_limit_is_a_413(llm: LLM) -> None:
+    with running(llm, max_body_bytes=1000) as url:
+        response = post(url, {"model": MODEL, "prompt": "x" * 2000})
+    assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
+
+
+def test_bad_chat_messages_are_400s(client: Any) -> None:
+    for messages in ([], [{"role": "robot", "content": "x"}], [{"role": "user", "content": 5}], ["hi"]):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model=MODEL, messages=messages)
+        assert caught.value.body["param"] == "messages"
+
+
+def test_the_api_key_is_required_when_set(llm: LLM) -> None:
+    with running(llm, api_key="sesame") as url:
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 1}
+        missing = post(url, body)
+        wrong = post(url, body, headers={"Authorization": "Bearer nope"})
+        right = post(url, body, headers={"Authorization": "Bearer sesame"})
+        models = httpx.get(f"{url}/v1/models", timeout=WAIT_SECONDS)
+        alive = httpx.get(f"{url}/health", timeout=WAIT_SECONDS)
+        keyed = openai.OpenAI(base_url=f"{url}/v1", api_key="sesame", max_retries=0)
+        assert keyed.completions.create(model=MODEL, prompt="x", max_tokens=1).choices[0].finish_reason
+    assert (missing.status_code, wrong.status_code, right.status_code, models.status_code) == (401, 401, 200, 401)
+    assert missing.json()["error"]["type"] == "authentication_error" and alive.status_code == 200
+
+
+def test_a_full_queue_answers_429_with_retry_after(llm: LLM, gate: StepGate) -> None:
+    with running(llm, max_batch=1, max_queue=1, retry_after_seconds=3) as url:
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 5}
+        with ThreadPoolExecutor(2) as pool:
+            running_one = pool.submit(post, url, body)
+            wait_until(lambda: health(url)["active"] == 1, "the first request to run")
+            queued_one = pool.submit(post, url, body)
+            wait_until(lambda: health(url)["waiting"] == 1, "the second request to queue")
+            refused = post(url, body)
+            gate.open()
+            assert running_one.result(WAIT_SECONDS).status_code == queued_one.result(WAIT_SECONDS).status_code == 200
+    assert refused.status_code == 429 and refused.headers["retry-after"] == "3"
+    assert refused.json()["error"]["code"] == "queue_full"
+
+
+def random_value(rng: random.Random, depth: int = 0) -> Any:
+    kind = rng.randrange(12 if depth < 2 else 9)
+    if kind == 0:
+        return None
+    if kind == 1:
+        return rng.random() < 0.5
+    if kind == 2:
+        return rng.choice([0, 1, -1, 2, 5, 16, 64, 127, 128, 129, 256, 257, 2**31, 2**63, -(2**63) - 1, 2**80])
+    if kind == 3:
+        return rng.randint(-3, 40)
+    if kind == 4:
+        return rng.choice([0.0, -0.0, 0.5, 1.0, 1e-320, 1e-30, 2.0, 2.0001, 1e308, -1e308, rng.uniform(-3, 3)])
+    if kind == 5:
+        return rng.choice(["", "tiny", "x", "\u0000", "é🤗", "<|endoftext|>", "a" * 300, "null"])
+    if kind == 6:
+        return "".join(chr(rng.randrange(1, 0x2FFF)) for _ in range(rng.randrange(12)))
+    if kind in (7, 8):
+        return rng.uniform(0, 2) if kind == 7 else rng.randrange(0, 8)
+    if kind in (9, 10):
+        return [random_value(rng, depth + 1) for _ in range(rng.randrange(5))]
+    return {str(random_value(rng, depth + 1))[:10]: random_value(rng, depth + 1) for _ in range(rng.randrange(4))}
+
+
+FUZZ_FIELDS = [
+    "model", "prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "n", "stop", "seed", "stream",
+    "logprobs", "echo", "presence_penalty", "frequency_penalty", "logit_bias", "stream_options", "top_logprobs",
+    "best_of", "suffix", "max_completion_tokens", "stop_token_ids", "user",
+]  # fmt: skip
+
+
+def random_body(rng: random.Random) -> bytes:
+    roll = rng.random()
+    if roll < 0.05:
+        return bytes(rng.randrange(256) for _ in range(rng.randrange(40)))
+    if roll < 0.1:
+        return json.dumps({"model": MODEL, "prompt": "abc"}).encode()[: rng.randrange(30)]
+    if roll < 0.15:
+        return json.dumps(random_value(rng)).encode()
+    body: dict[str, Any] = {"model": MODEL if rng.random() < 0.9 else random_value(rng), "max_tokens": 3}
+    if rng.random() < 0.5:
+        body["messages"] = [{"role": rng.choice(["user", "system", "assistant", "x"]), "content": "hi"}]
+    else:
+        body["prompt"] = rng.choice(["hello", ["a", "b"], [104, 105], [[104], [105, 106]]])
+    for name in rng.sample(FUZZ_FIELDS, rng.randrange(1, 6)):
+        body[name] = random_value(rng)
+    if isinstance(body.get("n"), int) and body["n"] > 4:
+        body["n"] = 4  # keep a fuzz run short: valid bodies generate real tokens
+    if isinstance(body.get("max_tokens"), int) and body["max_tokens"] > 8:
+        body["max_tokens"] = 8
+    return json.dumps(body).encode()  # json.dumps writes NaN/Infinity for such floats: that is fuzz too
+
+
+@pytest.mark.parametrize("count", [300, pytest.param(1000, marks=pytest.mark.slow)])
+def test_a_fuzz_of_random_and_malformed_bodies_never_gets_a_5xx(base_url: str, client: Any, count: int) -> None:
+    rng = random.Random(count)
+    statuses: dict[int, int] = {}
+    with httpx.Client(base_url=base_url, timeout=WAIT_SECONDS) as http:
+        for _ in range(count):
+            path = rng.choice(["/v1/completions", "/v1/chat/completions"])
+            response = http.post(path, content=random_body(rng), headers={"Content-Type": "application/json"})
+            statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+            assert response.status_code < 500, response.text
+            if response.status_code >= 400:
+                assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+    assert statuses.get(200, 0) > 0 and statuses.get(400, 0) > 0  # both kinds were exercised
+    wait_until(lambda: health(base_url)["active"] == 0, "the engine to be idle")
+    assert client.completions.create(model=MODEL, prompt="still alive", max_tokens=2).usage.completion_tokens == 2
+
+
+# ------------------------------------------------------------------------------------ disconnects, shutdown
+def test_a_streaming_client_that_disconnects_frees_its_row(llm: LLM, gate: StepGate) -> None:
+    with running(llm, max_batch=1) as url:
+        body = {"model": MODEL, "prompt": "bye", "max_tokens": 100, "stream": True}
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=WAIT_SECONDS) as response:
+            first = next(line for line in response.iter_lines() if line)  # drawn at admission, before any step
+            assert first.startswith("data: ")
+        gate.allow(5)  # far fewer steps than the 100 tokens asked for
+        wait_until(lambda: health(url)["active"] == 0, "the row to be freed")
+        assert len(gate.sizes) <= 5
+
+
+def test_a_plain_request_whose_client_goes_away_is_cancelled(llm: LLM, gate: StepGate) -> None:
+    with running(llm, max_batch=1) as url:
+        body = {"model": MODEL, "prompt": "bye", "max_tokens": 100}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/v1/completions", json=body, timeout=httpx.Timeout(WAIT_SECONDS, read=0.5))
+        gate.allow(5)
+        wait_until(lambda: health(url)["active"] == 0, "the row to be freed")
+        assert len(gate.sizes) <= 5
+
+
+def test_sigterm_lets_the_stream_in_flight_finish_then_exits_0(tmp_path: Path) -> None:
+    directory = save_model(tmp_path / "model", tiny_gpt(block_size=1024), ByteTokenizer())
+    port = free_port()
+    command = [sys.executable, "-m", "gpt2.cli", "serve", "--model", str(directory), "--port", str(port)]
+    command += ["--served-model-name", MODEL, "--log-level", "warning"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def up() -> bool:
+            assert server.poll() is None, server.communicate()[1].decode()
+            try:
+                return httpx.get(f"{url}/health", timeout=1).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_until(up, "the server to start")
+        body = {"model": MODEL, "prompt": "long", "max_tokens": 1000, "temperature": 0, "stream": True}
+        body["stream_options"] = {"include_usage": True}
+        events = []
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=WAIT_SECONDS) as response:
+            lines = (line for line in response.iter_lines() if line)
+            events.append(next(lines))
+            server.send_signal(signal.SIGTERM)
+            events.extend(lines)
+        assert server.wait(WAIT_SECONDS) == 0
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(event[len("data: ") :]) for event in events[:-1]]
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["usage"]["completion_tokens"] == 1000  # every token asked for, after the SIGTERM too
+
+
+def test_the_server_listens_on_loopback_unless_told_otherwise() -> None:
+    from gpt2.cli import build_parser
+
+    assert ServerConfig().host == "127.0.0.1"
+    assert build_parser().parse_args(["serve", "--model", "m"]).host == "127.0.0.1"
+
+
+def test_gpt2_serve_refuses_bad_settings_in_one_line_before_loading(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpt2.cli import main
+
+    assert main(["serve", "--model", "does/not/exist", "--port", "70000"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "gpt2 serve: error: port must be an integer in [0, 65535] (0: any free port), got 70000"
+    )
+
+
+# ------------------------------------------------------------------------------------ playground
+def test_the_playground_is_one_self_contained_page(base_url: str) -> None:
+    response = httpx.get(base_url, timeout=WAIT_SECONDS)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
+    page = response.text
+    assert "/v1/completions" in page and "stream: true" in page and "logprobs" in page
+    assert "http://" not in page and "https://" not in page and "<link" not in page and " src=" not in page
+
+
+def test_logprob_values_are_finite_json(base_url: str) -> None:
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 3, "logprobs": 20, "temperature": 0}
+    text = post(base_url, body).text
+    assert "Infinity" not in text and "NaN" not in text
+    assert all(math.isfinite(value) for value in json.loads(text)["choices"][0]["logprobs"]["token_logprobs"])
