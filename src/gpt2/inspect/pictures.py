@@ -1,0 +1,138 @@
+"""From a model and a prompt to a picture file: what `gpt2 inspect attention` and `gpt2 inspect logit-lens` call.
+
+The output format follows the file name: `.png` (matplotlib, gpt2.inspect.plots) or, for attention, `.html`
+(one self-contained interactive page, gpt2.inspect.attention_html). The model runs in eval mode (no dropout)
+for the picture and is left in the mode it came in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+
+from gpt2.inspect.attention_html import save_attention_html
+from gpt2.inspect.hooks import run_with_cache
+from gpt2.inspect.lens import logit_lens
+from gpt2.inspect.plots import save_attention_png, save_logit_lens_png
+from gpt2.model import GPT
+from gpt2.tokenizer.protocol import TextTokenizer
+
+ATTENTION_FORMATS = (".png", ".html", ".htm")
+LENS_FORMATS = (".png",)
+MAX_LENS_POSITIONS = 48  # a longer prompt's logit lens shows its last this many positions (a readable width)
+
+
+def attention_picture(
+    model: GPT,
+    tokenizer: TextTokenizer,
+    prompt: str,
+    out: str | os.PathLike[str],
+    *,
+    layer: int | None = None,
+    head: int | None = None,
+) -> Path:
+    """Attention heatmaps of `prompt`, one per head, with the tokens as labels, written to `out` (.png or
+    .html). layer / head: only that one (default every layer / every head)."""
+    path = _output(out, ATTENTION_FORMATS)
+    ids = _encode(model, tokenizer, prompt)
+    n_layer, n_head = model.config.n_layer, model.config.n_head
+    layers = _choose(layer, n_layer, "--layer", "layers")
+    heads = _choose(head, n_head, "--head", "heads")
+    names = [f"blocks.{i}.attn.hook_pattern" for i in layers]
+    with torch.no_grad(), _eval_mode(model):
+        _, cache = run_with_cache(model, ids, names)
+    patterns = torch.stack([cache[name][0, heads] for name in names])  # (layers, heads, T, T)
+    labels = token_labels(tokenizer, ids[0].tolist())
+    title = f"attention: {_short(prompt)}"
+    if path.suffix.lower() == ".png":
+        return save_attention_png(patterns, labels, path, layers=layers, heads=heads, title=title)
+    return save_attention_html(patterns, labels, path, layers=layers, heads=heads, title=title)
+
+
+def logit_lens_picture(model: GPT, tokenizer: TextTokenizer, prompt: str, out: str | os.PathLike[str]) -> Path:
+    """The logit lens of `prompt` as a table written to `out` (.png): the top next token at every layer
+    (rows, embeddings at the bottom) and position (columns), shaded by its probability."""
+    path = _output(out, LENS_FORMATS)
+    ids = _encode(model, tokenizer, prompt)
+    T = ids.shape[1]
+    positions = list(range(max(0, T - MAX_LENS_POSITIONS), T))
+    with _eval_mode(model):
+        lens = logit_lens(model, ids, positions=positions)
+    probabilities, top_ids = lens.top_tokens(1)  # (rows, 1, P, 1)
+    probabilities, top_ids = probabilities[:, 0, :, 0], top_ids[:, 0, :, 0]  # (rows, P)
+    top_labels = [token_labels(tokenizer, row.tolist()) for row in top_ids]
+    inputs = token_labels(tokenizer, ids[0].tolist())
+    next_labels = [inputs[p + 1] if p + 1 < T else "" for p in positions]
+    row_names = ["embed"] + [f"block {i}" for i in range(model.config.n_layer)]
+    return save_logit_lens_png(
+        probabilities,
+        top_labels,
+        [inputs[p] for p in positions],
+        path,
+        row_names=row_names,
+        next_labels=next_labels,
+        title=f"logit lens: {_short(prompt)}",
+    )
+
+
+def token_labels(tokenizer: TextTokenizer, ids: Sequence[int]) -> list[str]:
+    """Each token's own text, for axis labels, every character visible and one line high: newline and tab as
+    \\n and \\t, other control characters and a piece of a multi-byte character as \\xNN.
+
+    >>> from gpt2.tokenizer import load_tokenizer
+    >>> token_labels(load_tokenizer("bytes"), list(b"a\\n\\x1a\\xc3"))
+    ['a', '\\\\n', '\\\\x1a', '\\\\xc3']
+    """
+    return [_visible(tokenizer.decode_bytes([token_id]).decode("utf-8", errors="backslashreplace")) for token_id in ids]
+
+
+def _visible(text: str) -> str:
+    named = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+    return "".join(c if c.isprintable() else named.get(c, f"\\x{ord(c):02x}") for c in text)
+
+
+def _output(out: str | os.PathLike[str], formats: Sequence[str]) -> Path:
+    path = Path(out)
+    if path.suffix.lower() not in formats:
+        raise ValueError(
+            f"cannot tell the picture format from {str(out)!r}: end the file name in {' or '.join(formats)}"
+        )
+    return path
+
+
+def _encode(model: GPT, tokenizer: TextTokenizer, prompt: str) -> torch.Tensor:
+    ids = tokenizer.encode(prompt)
+    if not ids:
+        raise ValueError("the prompt is empty; pass --prompt TEXT")
+    block_size = model.config.block_size
+    if len(ids) > block_size:
+        raise ValueError(f"the prompt is {len(ids)} tokens, more than the model's context ({block_size}); shorten it")
+    device = model.transformer.wte.weight.device
+    return torch.tensor([ids], dtype=torch.long, device=device)  # (1, T)
+
+
+def _choose(value: int | None, count: int, option: str, what: str) -> list[int]:
+    if value is None:
+        return list(range(count))
+    if not 0 <= value < count:
+        raise ValueError(f"{option} {value} does not exist: the model has {count} {what}, numbered 0 to {count - 1}")
+    return [value]
+
+
+def _short(prompt: str, limit: int = 60) -> str:
+    flat = " ".join(prompt.split())
+    return repr(flat if len(flat) <= limit else flat[: limit - 1] + "…")
+
+
+@contextlib.contextmanager
+def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
