@@ -21,6 +21,7 @@ from gpt2.cli import main
 from gpt2.data import (
     MANIFEST_NAME,
     BatchLoader,
+    TokenView,
     load_split,
     prepare,
     token_dtype,
@@ -377,7 +378,9 @@ def prepared(tmp_path) -> Path:
 
 def test_load_split_memory_maps_a_single_shard(prepared):
     tokens = load_split(prepared, "train")
-    assert isinstance(tokens, np.memmap) and not tokens.flags.writeable
+    assert isinstance(tokens, TokenView) and len(tokens.shards) == 1
+    shard = tokens.shards[0]
+    assert isinstance(shard, np.memmap) and not shard.flags.writeable
     assert tokens.ndim == 1 and len(tokens) == int(131 * 0.9)
 
 

@@ -4,14 +4,18 @@
     gpt2 prepare input.txt --out data/shakespeare_bytes --tokenizer bytes      # one id per byte
     gpt2 prepare 'corpus/**/*.jsonl' --out data/web --jsonl-field content --val-fraction 0.005
     gpt2 prepare --dataset roneneldan/TinyStories --out data/tinystories       # needs `datasets`, online
+    gpt2 prepare --dataset HuggingFaceFW/fineweb --dataset-config sample-10BT --out data/fineweb10B \
+        --tokenizer gpt2 --val-fraction 0.01 --expected-tokens 10e9             # see docs/reproduce-gpt2-124m.md
 
-Writes train_NNNNNN.bin / val_NNNNNN.bin and manifest.json (format: see gpt2.data).
+Writes train_NNNNNN.bin / val_NNNNNN.bin and manifest.json (format: see gpt2.data). Interrupted or crashed, the
+same command again resumes after the last finished shard-sized piece of the stream, with the same result.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from gpt2.cli.tokenizer import TOKENIZER_ENV
 from gpt2.data import DEFAULT_CHUNK_CHARS, DEFAULT_SHARD_TOKENS
@@ -50,6 +54,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dataset", default=None, help="Hugging Face dataset name (needs `datasets`, online)")
     parser.add_argument("--dataset-config", default=None, help="configuration of --dataset, e.g. 'sample-10BT'")
     parser.add_argument("--dataset-split", default="train", help="split of --dataset to read (default 'train')")
+    parser.add_argument(
+        "--expected-tokens",
+        type=float,
+        default=None,
+        metavar="N",
+        help="about how many tokens the input holds (e.g. 10e9), for the time left when it cannot be estimated "
+        "from file sizes (a --dataset)",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace data already prepared in --out")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
@@ -61,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.sources and args.dataset is None:
         raise ValueError("nothing to prepare: pass files, directories or globs, or --dataset NAME")
     tokenizer = load_tokenizer(args.tokenizer or os.environ.get(TOKENIZER_ENV) or "gpt2")
+    expected = None if args.expected_tokens is None else int(args.expected_tokens)
     manifest = prepare(
         args.sources,
         args.out,
@@ -72,8 +85,10 @@ def run(args: argparse.Namespace) -> int:
         dataset=args.dataset,
         dataset_split=args.dataset_split,
         dataset_config=args.dataset_config,
+        expected_tokens=expected,
         overwrite=args.overwrite,
         progress=not args.quiet,
+        log=None if args.quiet else (lambda message: print(message, file=sys.stderr)),
     )
     splits = manifest["splits"]
     notes = []

@@ -1,5 +1,6 @@
-"""`BatchLoader`: (x, y) next-token batches from a 1-D token array, shuffled (nanoGPT) or in order (llm.c),
-split over distributed ranks, resumable from a small state dict."""
+"""`BatchLoader`: (x, y) next-token batches from a token stream (a `TokenView` over memory-mapped shards, or any
+1-D array), shuffled (nanoGPT) or in order (llm.c), split over distributed ranks, resumable from a small state
+dict."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from gpt2.data.view import TokenView
 
 
 def _step_seed(seed: int, step: int) -> int:
@@ -26,10 +29,17 @@ class BatchLoader:
     block_size tokens (the last window needs one more token for its target) and read in order, wrapping around
     to the start after the last whole window.
 
+    The stream may be a `TokenView` (`load_split`): only the rows of the current batch are read, so memory does
+    not depend on the corpus size. Windows may cross shard boundaries: the shards are consecutive pieces of one
+    stream, so the batches are exactly those of the concatenated array.
+
     Distributed: every rank computes the same global batch of batch_size * world_size rows and keeps rows
     rank * batch_size ... (rank + 1) * batch_size - 1, so the union over ranks equals what one process with
     batch_size * world_size gets; a 2-process run sees the same data as a 1-process run with the same global
-    batch. For the same reason a state_dict may be loaded under another world size with the same global batch.
+    batch. The ranks' rows are disjoint parts of that batch: in order (shuffle=False), no window is read by two
+    ranks before the stream wraps around; shuffled, each rank's rows are its own draws (two draws may overlap by
+    chance, as in one process). For the same reason a state_dict may be loaded under another world size with
+    the same global batch.
 
     >>> loader = BatchLoader(np.arange(100, dtype=np.uint16), batch_size=2, block_size=8)
     >>> x, y = loader.next_batch()
@@ -39,7 +49,7 @@ class BatchLoader:
 
     def __init__(
         self,
-        tokens: np.ndarray,
+        tokens: TokenView | np.ndarray,
         batch_size: int,
         block_size: int,
         *,
@@ -61,6 +71,7 @@ class BatchLoader:
                 "use a smaller block size or more data"
             )
         self.tokens = tokens
+        self._view = tokens if isinstance(tokens, TokenView) else TokenView([np.asarray(tokens)], dtype=tokens.dtype)
         self.batch_size = batch_size
         self.block_size = block_size
         self.rank = rank
@@ -90,8 +101,7 @@ class BatchLoader:
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The next (x, y), both int64 of shape (batch_size, block_size), on the CPU."""
-        T = self.block_size
-        rows = np.stack([self.tokens[o : o + T + 1] for o in self._offsets(self.step)]).astype(np.int64)  # (B, T+1)
+        rows = self._view.rows(self._offsets(self.step), self.block_size + 1)  # (B, T+1) int64
         self.step += 1
         batch = torch.from_numpy(rows)
         return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()

@@ -1,4 +1,5 @@
-"""Token shards on disk: the format `gpt2.data.prepare` writes, and `load_split`, which reads it back.
+"""Token shards on disk: the format `gpt2.data.prepare` writes, `load_split`, which reads a split back as a
+`TokenView` over its memory-mapped shards, and `save_token_shards` for token arrays made elsewhere.
 
 One folder per prepared corpus, `MANIFEST_VERSION` 1:
 
@@ -12,17 +13,23 @@ The token stream: every document is *preceded* by the end-of-text token (as GPT-
 fineweb/tinyshakespeare scripts do), so the stream starts with EOT and a model always sees EOT right before a
 document begins. A document is one text file or one JSONL record (or one record of a Hugging Face dataset).
 The stream is written in source order, then its last `val_fraction` of tokens becomes the val split (nanoGPT's
-`data[int(n * 0.9):]`), so a single text file gets a val split too.
+`data[int(n * 0.9):]`), so a single text file gets a val split too. Shards are cut at a fixed token count, not
+at document boundaries: a split is one stream, and its shards are consecutive pieces of it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from gpt2.data.view import TokenView
+from gpt2.runtime.files import atomic_write_text
+from gpt2.tokenizer.protocol import TextTokenizer
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "gpt2-token-shards"
@@ -76,11 +83,12 @@ def read_manifest(data_dir: str | Path) -> dict[str, Any]:
     return manifest
 
 
-def load_split(data_dir: str | Path, split: str, *, verify: bool = False) -> np.ndarray:
-    """The 1-D token array of `split` ("train" or "val") of a folder written by `prepare`.
+def load_split(data_dir: str | Path, split: str, *, verify: bool = False) -> TokenView:
+    """The token stream of `split` ("train" or "val") of a folder written by `prepare`, as a `TokenView`.
 
-    A split held in one shard is returned memory-mapped (read-only, nothing loaded); a split of several shards
-    is concatenated into memory. `verify=True` also checks every shard's sha256 against the manifest.
+    Every shard is memory-mapped (read-only) and nothing is loaded, so this costs the same for a 1 MB and a
+    1 TB split; `view[i:j]` reads those tokens only (see `gpt2.data.view`). Sizes are checked against the
+    manifest; `verify=True` also checks every shard's sha256 (reads every byte once).
 
     >>> tokens = load_split("data/shakespeare", "train")  # doctest: +SKIP
     >>> tokens.dtype, tokens.ndim                           # doctest: +SKIP
@@ -110,11 +118,53 @@ def load_split(data_dir: str | Path, split: str, *, verify: bool = False) -> np.
             raise ValueError(f"shard {str(path)!r} does not match its sha256 in the manifest; prepare the data again")
         if shard["tokens"] > 0:
             arrays.append(np.memmap(path, dtype=dtype, mode="r", shape=(shard["tokens"],)))
-    if not arrays:
-        return np.zeros(0, dtype=dtype)
-    if len(arrays) == 1:
-        return arrays[0]
-    return np.concatenate(arrays)
+    return TokenView(arrays, dtype=dtype)
+
+
+def save_token_shards(
+    out_dir: str | Path, splits: Mapping[str, Sequence[np.ndarray]], tokenizer: TextTokenizer
+) -> dict[str, Any]:
+    """Write token arrays you already have as a prepared folder: each array of `splits[name]` becomes one shard
+    `{name}_{k:06d}.bin`, then the manifest (written last). `load_split` and training read it like the output of
+    `prepare`; use it for tokens made elsewhere or for synthetic corpora (tests, benchmarks). Returns the manifest.
+
+    >>> save_token_shards("data/synthetic", {"train": [ids[:1_000_000], ids[1_000_000:]], "val": [held_out]},
+    ...                   load_tokenizer("bytes"))  # doctest: +SKIP
+    """
+    out_dir = Path(out_dir)
+    if (out_dir / MANIFEST_NAME).exists():
+        raise FileExistsError(f"{str(out_dir)!r} already holds prepared data; choose another directory")
+    dtype = token_dtype(tokenizer.vocab_size)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shards, counts = [], {}
+    for split, arrays in splits.items():
+        counts[split] = 0
+        for index, array in enumerate(arrays):
+            array = np.asarray(array)
+            if array.ndim != 1 or (array.size and (array.min() < 0 or array.max() >= tokenizer.vocab_size)):
+                raise ValueError(
+                    f"split {split!r} array {index} must be 1-D ids in [0, {tokenizer.vocab_size}), got shape "
+                    f"{array.shape}" + (f" and ids {array.min()}..{array.max()}" if array.size else "")
+                )
+            path = out_dir / f"{split}_{index:06d}.bin"
+            array.astype(dtype).tofile(path)
+            shards.append({"file": path.name, "split": split, "tokens": len(array), "sha256": file_sha256(path)})
+            counts[split] += len(array)
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "version": MANIFEST_VERSION,
+        "tokenizer": {
+            "identity": tokenizer.identity,
+            "vocab_size": tokenizer.vocab_size,
+            "eot_token": tokenizer.eot_token,
+        },
+        "dtype": "uint16" if dtype.itemsize == 2 else "uint32",
+        "byteorder": "little",
+        "splits": counts,
+        "shards": shards,
+    }
+    atomic_write_text(out_dir / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")
+    return manifest
 
 
 def file_sha256(path: Path) -> str:

@@ -14,7 +14,7 @@ import glob
 import json
 import os
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -187,16 +187,45 @@ def _jsonl_documents(path: Path, text_field: str, report: Report) -> Iterator[st
         report.invalid_files.append((str(path), invalid))
 
 
+@dataclass(frozen=True)
+class Piece:
+    """A piece of a document, as `document_pieces` yields them in stream order."""
+
+    source: int
+    """Index of its source in the expanded list."""
+    unit: int
+    """Which file it comes from, counted over all sources in stream order (a dataset is the last unit): the
+    place a resumed `prepare` starts reading again."""
+    index: int
+    """Its number among the pieces of its unit."""
+    starts_document: bool
+    text: str
+
+
 def document_pieces(
     sources: list[Source],
     dataset_documents: Iterable[str] | None,
     text_field: str,
     chunk_chars: int,
     report: Report,
-) -> Iterator[tuple[int, bool, str]]:
-    """(source index, starts a document, text) for every piece of every document, in stream order."""
+    *,
+    start_unit: int = 0,
+    on_unit: Callable[[int], None] | None = None,
+) -> Iterator[Piece]:
+    """Every piece of every document, in stream order.
+
+    Units (files, then the dataset) before `start_unit` are passed over without being opened or counted: a
+    resumed run restores their counts from its progress file. `on_unit(unit)` is called as each unit begins,
+    before anything of it is counted in `report` or the sources.
+    """
+    unit = -1
     for index, source in enumerate(sources):
         for path in source.files:
+            unit += 1
+            if unit < start_unit:
+                continue
+            if on_unit is not None:
+                on_unit(unit)
             report.files += 1
             if path.stat().st_size == 0:
                 report.empty_files.append(str(path))
@@ -205,13 +234,21 @@ def document_pieces(
                 documents: Iterable[Iterable[str]] = ([text] for text in _jsonl_documents(path, text_field, report))
             else:
                 documents = [_text_file_blocks(path, chunk_chars, report)]
+            number = 0
             for blocks in documents:
                 source.documents += 1
                 report.documents += 1
                 for piece_number, piece in enumerate(_pieces(blocks, chunk_chars, report)):
-                    yield index, piece_number == 0, piece
+                    yield Piece(index, unit, number, piece_number == 0, piece)
+                    number += 1
     if dataset_documents is not None:
+        unit += 1
+        if unit < start_unit:
+            return
+        if on_unit is not None:
+            on_unit(unit)
         index = len(sources) - 1  # the dataset is the last source
+        number = 0
         for text in dataset_documents:
             if not text:
                 report.empty_records += 1
@@ -219,4 +256,5 @@ def document_pieces(
             sources[index].documents += 1
             report.documents += 1
             for piece_number, piece in enumerate(_pieces([text], chunk_chars, report)):
-                yield index, piece_number == 0, piece
+                yield Piece(index, unit, number, piece_number == 0, piece)
+                number += 1

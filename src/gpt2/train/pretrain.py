@@ -22,10 +22,9 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from gpt2.data import BatchLoader, load_split
+from gpt2.data import BatchLoader, TokenView, load_split
 from gpt2.data.cache import DataSpec, prepare_data
 from gpt2.eval import evaluate_hellaswag
 from gpt2.inference import generate
@@ -81,6 +80,7 @@ def train(
 
         torch.manual_seed(config.seed)  # the same initial weights on every rank
         model = GPT(model_config).to(device)
+        model.activation_checkpointing = config.activation_checkpointing
         if dist.enabled and config.parallel == "fsdp":
             shard(model)
         trainer = Trainer(
@@ -169,8 +169,9 @@ def _prepare_data(
     return prepared
 
 
-def _load_splits(config: TrainConfig, data_dir: Path, block_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """The train and val token streams, refusing a split too short for one block (val only when evaluated)."""
+def _load_splits(config: TrainConfig, data_dir: Path, block_size: int) -> tuple[TokenView, TokenView]:
+    """The train and val token streams (memory-mapped shards: memory does not grow with the corpus), refusing a
+    split too short for one block (val only when evaluated)."""
     train_tokens, val_tokens = load_split(data_dir, "train"), load_split(data_dir, "val")
     for split, tokens in (("train", train_tokens), ("val", val_tokens)):
         if len(tokens) < block_size + 1 and (split == "train" or config.eval_interval > 0):
