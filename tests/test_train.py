@@ -37,6 +37,20 @@ from gpt2.train.config import PRESETS, TrainConfig, load_config
 from gpt2.weights import load_model
 
 
+def test_a_checkpoint_serializes_the_weights_once_and_copies_them_to_the_top_level(tmp_path, monkeypatch):
+    import gpt2.train.checkpoint as run_checkpoint
+
+    calls = []
+    real = run_checkpoint.save_pretrained
+    monkeypatch.setattr(run_checkpoint, "save_pretrained", lambda model, d: (calls.append(d), real(model, d)))
+    config = tiny_config(tmp_path, max_steps=4, checkpoint_interval=4)
+    result = train(config)
+    out = Path(config.out_dir)
+    assert len(calls) == len(checkpoint_dirs(out)) == 1
+    for name in ("model.safetensors", "config.json", "byte_tokenizer.json"):
+        assert (out / name).read_bytes() == (result.checkpoint / name).read_bytes()
+
+
 def write_corpus(path: Path, words: int = 4000, seed: int = 0) -> Path:
     """A deterministic text of made-up words and lines (about 5 bytes per word)."""
     rng = random.Random(seed)

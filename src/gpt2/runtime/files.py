@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -29,3 +30,19 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     """`atomic_write_bytes` for UTF-8 text (newlines written as given)."""
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_copy_file(source: str | os.PathLike[str], path: str | os.PathLike[str]) -> None:
+    """Copy `source` to `path` through a temporary file beside `path` and an atomic rename."""
+    path = Path(path)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(handle)
+    try:
+        shutil.copyfile(source, temporary)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

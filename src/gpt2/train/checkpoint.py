@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from gpt2.model import GPT
+from gpt2.runtime.files import atomic_copy_file
 from gpt2.tokenizer import TextTokenizer
 from gpt2.train.config import TrainConfig
 from gpt2.weights import config_from_hf, load_hf_state_dict, read_hf_state_dict, save_pretrained
@@ -54,7 +55,7 @@ def save_checkpoint(
     keep: int,
 ) -> Path:
     """Write OUT/checkpoints/step_N atomically (a temporary folder renamed into place), drop all but the last
-    `keep`, then refresh the top-level model and tokenizer in OUT. `state` holds plain tensors and containers."""
+    `keep`, then copy the model and tokenizer files to OUT's top level. `state` holds plain tensors and containers."""
     root = out_dir / CHECKPOINTS_DIR
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{CHECKPOINT_PREFIX}{step:08d}"
@@ -81,9 +82,11 @@ def save_checkpoint(
             shutil.rmtree(stale, ignore_errors=True)
     for old in checkpoint_dirs(out_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
-    save_pretrained(model, out_dir)  # the latest weights at the top level, for `gpt2 sample --model OUT`
-    if tokenizer is not None:
-        tokenizer.save(out_dir)
+    # The latest model and tokenizer at the top level too, for `gpt2 sample --model OUT`: copied from the
+    # checkpoint just written (the weights are serialized once per save), each file atomically.
+    for file in sorted(final.iterdir()):
+        if file.name not in (TRAIN_STATE_FILE, TRAIN_CONFIG_FILE):
+            atomic_copy_file(file, out_dir / file.name)
     return final
 
 
