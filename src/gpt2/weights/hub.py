@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import os
 import urllib.request
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 from gpt2.runtime.files import atomic_write_bytes
 
 
-def resolve_pretrained(name_or_path: str | Path, allow_patterns: Sequence[str]) -> Path:
+def resolve_pretrained(name_or_path: str | os.PathLike[str], allow_patterns: Sequence[str]) -> Path:
     """Return a local directory for `name_or_path`, downloading `allow_patterns` from the Hub if needed.
 
     Raises FileNotFoundError naming the path and the way out when it is neither a local directory nor
