@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 # module names under gpt2.cli, in the order they appear in `gpt2 --help`
-SUBCOMMAND_MODULES = ("train", "prepare", "sample", "serve", "tokenizer", "eval", "inspect", "export")
+SUBCOMMAND_MODULES = ("train", "prepare", "sample", "serve", "tokenizer", "eval", "inspect", "export", "classify")
 
 
 def build_parser() -> argparse.ArgumentParser:
