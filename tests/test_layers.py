@@ -5,7 +5,8 @@ Layers, top to bottom (a module may import from lower layers and from its own su
 never sideways into another subpackage of its own layer):
 
     cli
-    train | serve | inspect | finetune
+    finetune (fine-tuning runs on the Trainer)
+    train | serve | inspect
     api (the facade) | eval
     data | inference | export
     tokenizer | weights
@@ -28,7 +29,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("gpt2.tokenizer", "gpt2.weights"),
     ("gpt2.data", "gpt2.inference", "gpt2.export"),
     ("gpt2.api", "gpt2.eval"),
-    ("gpt2.train", "gpt2.serve", "gpt2.inspect", "gpt2.finetune"),
+    ("gpt2.train", "gpt2.serve", "gpt2.inspect"),
+    ("gpt2.finetune",),
     ("gpt2.cli",),
 ]
 

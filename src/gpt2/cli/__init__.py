@@ -13,7 +13,9 @@ import sys
 from collections.abc import Sequence
 
 # module names under gpt2.cli, in the order they appear in `gpt2 --help`
-SUBCOMMAND_MODULES = ("train", "prepare", "sample", "serve", "tokenizer", "eval", "inspect", "export", "classify")
+SUBCOMMAND_MODULES = (
+    "train", "finetune", "chat", "prepare", "sample", "serve", "tokenizer", "eval", "inspect", "export", "classify",
+)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,227 @@
+"""Fine-tuning a pretrained model (gpt2.finetune): data formats and their loss masks, the run on a
+transformers-made model, its output, resume, bad input, the chat template and `gpt2 chat`."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from gpt2.api import LLM
+from gpt2.cli import main
+from gpt2.finetune import FinetuneConfig, finetune, load_examples, make_rows, render_chat
+from gpt2.finetune.chat import CHAT_TEMPLATE_FILE, encode_chat, header
+from gpt2.finetune.data import Example
+from gpt2.model import IGNORE_INDEX
+from gpt2.tokenizer import ByteTokenizer
+
+transformers = pytest.importorskip("transformers")
+
+TEXT = "<|endoftext|>".join(f"the cat sat on the mat number {i % 5}. the dog ran.\n" for i in range(60))
+
+
+@pytest.fixture
+def pretrained(tmp_path: Path, gpt2_bpe_dir: Path) -> Path:
+    """A tiny random GPT-2 made and saved by transformers, with the GPT-2 tokenizer files beside it."""
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=50257, n_positions=64, n_embd=32, n_layer=2, n_head=2)
+    directory = tmp_path / "pretrained"
+    transformers.GPT2LMHeadModel(config).save_pretrained(directory)
+    for name in ("encoder.json", "vocab.bpe"):
+        shutil.copy(gpt2_bpe_dir / name, directory / name)
+    return directory
+
+
+@pytest.fixture
+def text_file(tmp_path: Path) -> Path:
+    path = tmp_path / "corpus.txt"
+    path.write_text(TEXT, encoding="utf-8")
+    return path
+
+
+def small_run(model: Path, data: Path, out: Path, **changes) -> FinetuneConfig:
+    values = dict(model=str(model), data=str(data), out_dir=str(out), block_size=32, batch_size=4, max_steps=12,
+                  learning_rate=3e-3, warmup_steps=2, eval_interval=4, checkpoint_interval=4, sample_tokens=4,
+                  device="cpu", dtype="float32", seed=0)  # fmt: skip
+    return FinetuneConfig.from_overrides(**{**values, **changes})
+
+
+# ----------------------------------------------------------------------------------------- loss masks
+def test_prompt_completion_trains_on_the_completion_only(tmp_path: Path) -> None:
+    path = tmp_path / "pairs.jsonl"
+    path.write_text(json.dumps({"prompt": "ab", "completion": "c"}) + "\n", encoding="utf-8")
+    rows = make_rows(load_examples(path, ByteTokenizer()), block_size=5, pad_id=256)
+    # ids a b c <eot> + padding; targets: the next token where it is completion (c, <eot>), else ignored
+    assert rows.x.tolist() == [[97, 98, 99, 256, 256]]
+    assert rows.y.tolist() == [[IGNORE_INDEX, 99, 256, IGNORE_INDEX, IGNORE_INDEX]]
+
+
+def test_chat_trains_on_assistant_turns_only(tmp_path: Path) -> None:
+    tokenizer = ByteTokenizer()
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    path = tmp_path / "chat.jsonl"
+    path.write_text(json.dumps({"messages": messages}) + "\n", encoding="utf-8")
+    user, assistant = list(header("user").encode()), list(header("assistant").encode())
+    ids = user + [97, 256] + assistant + [98, 256]
+    rows = make_rows(load_examples(path, tokenizer), block_size=len(ids) - 1, pad_id=256)
+    expected_y = [IGNORE_INDEX] * (len(ids) - 3) + [98, 256]  # only "b" and its closing end-of-text
+    assert rows.x.tolist() == [ids[:-1]]
+    assert rows.y.tolist() == [expected_y]
+
+
+def test_chat_text_matches_the_jinja_template_rendering() -> None:
+    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"}]
+    assert render_chat(messages, add_generation_prompt=True) == (
+        "<|system|>\nS<|endoftext|><|user|>\nHi<|endoftext|><|assistant|>\n"
+    )
+    jinja2 = pytest.importorskip("jinja2")
+    from gpt2.finetune.chat import CHAT_TEMPLATE
+
+    rendered = jinja2.Template(CHAT_TEMPLATE).render(messages=messages, add_generation_prompt=True)
+    assert rendered == render_chat(messages, add_generation_prompt=True)
+
+
+def test_encode_chat_equals_encoding_the_rendered_text(gpt2_bpe_dir: Path) -> None:
+    from gpt2.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(gpt2_bpe_dir)
+    messages = [{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": "General Kenobi"}]
+    ids, _ = encode_chat(messages, tokenizer)
+    assert ids == tokenizer.encode(render_chat(messages), allowed_special="all")
+
+
+def test_text_documents_are_packed_and_every_token_is_a_target(tmp_path: Path) -> None:
+    examples = [Example([1, 2, 3], [True] * 3), Example([4, 5, 6], [True] * 3)]
+    rows = make_rows(examples, block_size=3, pad_id=0)
+    assert rows.x.tolist() == [[1, 2, 3], [4, 5, 6]]
+    assert rows.y.tolist() == [[2, 3, 4], [5, 6, IGNORE_INDEX]]
+
+
+def test_pairs_longer_than_the_block_are_cut_and_counted() -> None:
+    examples = [Example([1, 2, 3, 4, 5, 6], [False, False, True, True, True, True], packed=False),
+                Example([1, 2, 3, 4, 5, 6], [False] * 5 + [True], packed=False)]  # fmt: skip
+    rows = make_rows(examples, block_size=3, pad_id=0)
+    assert len(rows) == 1
+    assert (rows.truncated, rows.dropped) == (2, 1)
+    assert "2 examples" in rows.notes[0] and "1 examples were dropped" in rows.notes[1]
+
+
+# ----------------------------------------------------------------------------------------- bad input
+def test_csv_without_the_column_names_the_file_and_the_columns(tmp_path: Path) -> None:
+    path = tmp_path / "data.csv"
+    path.write_text("title,body\nx,y\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"data\.csv:1: .*text_column.*\['title', 'body'\]"):
+        load_examples(path, ByteTokenizer(), column="text")
+
+
+def test_chat_record_without_roles_names_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "chat.jsonl"
+    good = {"messages": [{"role": "user", "content": "a"}]}
+    path.write_text(json.dumps(good) + "\n" + json.dumps({"messages": [{"content": "a"}]}) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"chat\.jsonl:2: message 0 has role None"):
+        load_examples(path, ByteTokenizer())
+
+
+def test_block_size_beyond_the_model_context_is_refused_and_nothing_is_written(
+    pretrained: Path, text_file: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=r"block_size=128 is larger than the model's context of 64"):
+        finetune(small_run(pretrained, text_file, out, block_size=128))
+    assert not out.exists()
+
+
+def test_cli_turns_bad_data_into_one_line(pretrained: Path, tmp_path: Path, capsys) -> None:
+    path = tmp_path / "data.csv"
+    path.write_text("title\nx\n", encoding="utf-8")
+    out = tmp_path / "out"
+    status = main(["finetune", "--model", str(pretrained), "--data", str(path), "--out", str(out), "--no-progress"])
+    assert status == 2
+    assert "data.csv:1" in capsys.readouterr().err
+    assert not out.exists()
+
+
+# ----------------------------------------------------------------------------------------- the run
+def test_finetune_lowers_val_loss_and_transformers_loads_the_result(
+    pretrained: Path, text_file: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    result = finetune(small_run(pretrained, text_file, out))
+    assert result.best_val_loss < result.first_val_loss - 0.5
+    for name in ("config.json", "model.safetensors", CHAT_TEMPLATE_FILE, "metrics.jsonl", "loss.png", "sample.txt"):
+        assert (out / name).is_file(), name
+    ours = LLM.load(out, device="cpu")
+    theirs = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
+    ids = torch.tensor([ours.tokenizer.encode("the cat sat on the mat")])
+    with torch.no_grad():
+        torch.testing.assert_close(ours.model.eval()(ids).logits, theirs(ids).logits, atol=1e-5, rtol=1e-5)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "val_loss" in r] == [0, 4, 8, 12]
+
+
+def test_gpt2_finetune_cli_then_gpt2_sample(pretrained: Path, text_file: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    args = ["finetune", "--model", str(pretrained), "--data", str(text_file), "--out", str(out), "--no-progress"]
+    for item in ("max_steps=2", "eval_interval=1", "block_size=16", "device=cpu", "sample_tokens=0"):
+        args += ["--set", item]
+    assert main(args) == 0
+    assert "best val loss" in capsys.readouterr().out
+    assert (
+        main(
+            [
+                "sample",
+                "--model",
+                str(out),
+                "--prompt",
+                "the",
+                "--max-new-tokens",
+                "3",
+                "--device",
+                "cpu",
+                "--seed",
+                "0",
+            ]
+        )
+        == 0
+    )
+
+
+def test_resume_of_a_finetune_is_exact(pretrained: Path, text_file: Path, tmp_path: Path) -> None:
+    whole = finetune(small_run(pretrained, text_file, tmp_path / "whole", dropout=0.1))
+    finetune(small_run(pretrained, text_file, tmp_path / "split", dropout=0.1), stop_at_step=6)
+    split = finetune(small_run(pretrained, text_file, tmp_path / "split", dropout=0.1), resume=True)
+    assert split.step == whole.step == 12
+    assert split.best_val_loss == whole.best_val_loss
+    a = load_file(str(tmp_path / "whole" / "checkpoints" / "last" / "trainable.safetensors"))
+    b = load_file(str(tmp_path / "split" / "checkpoints" / "last" / "trainable.safetensors"))
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=0, rtol=0)
+
+
+def test_early_stopping_stops_after_patience_evaluations(pretrained: Path, text_file: Path, tmp_path: Path) -> None:
+    # a learning rate of ~0 never improves the val loss, so the run stops after `patience` evaluations
+    config = small_run(pretrained, text_file, tmp_path / "out", learning_rate=1e-12, eval_interval=1, patience=2)
+    result = finetune(config)
+    assert result.stopped_early and result.step == 2
+
+
+def test_output_dir_that_holds_files_is_refused(pretrained: Path, text_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="not empty"):
+        finetune(small_run(pretrained, text_file, out))
+
+
+# ----------------------------------------------------------------------------------------- gpt2 chat
+def test_gpt2_chat_streams_a_reply_per_piped_line(pretrained: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hello\nHow are you?\n"))
+    status = main(["chat", "--model", str(pretrained), "--max-new-tokens", "4", "--seed", "0", "--device", "cpu"])
+    assert status == 0
+    assert capsys.readouterr().out.count("assistant> ") == 2
