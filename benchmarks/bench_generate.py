@@ -58,13 +58,13 @@ def decode_step_seconds(model: GPT, batch_size: int, context: int, steps: int = 
     prompt = torch.randint(
         0, model.config.vocab_size, (batch_size, context), generator=torch.Generator().manual_seed(SEED)
     )
-    model._forward(prompt, None, None, None, cache)
+    model(prompt, kv_cache=cache, validate=False)
     token = prompt[:, -1:]
     for _ in range(3):
-        model._forward(token, None, None, None, cache)
+        model(token, kv_cache=cache, validate=False)
     start = time.perf_counter()
     for _ in range(steps):
-        model._forward(token, None, None, None, cache)
+        model(token, kv_cache=cache, validate=False)
     return (time.perf_counter() - start) / steps
 
 
