@@ -16,7 +16,7 @@ from gpt2.api import LLM
 from gpt2.cli import main
 from gpt2.finetune import FinetuneConfig, finetune, load_examples, make_rows, render_chat
 from gpt2.finetune.chat import CHAT_TEMPLATE_FILE, encode_chat, header
-from gpt2.finetune.data import Example
+from gpt2.finetune.data import Example, RowBatches, Rows
 from gpt2.model import IGNORE_INDEX
 from gpt2.tokenizer import ByteTokenizer
 
@@ -109,6 +109,15 @@ def test_pairs_longer_than_the_block_are_cut_and_counted() -> None:
     assert len(rows) == 1
     assert (rows.truncated, rows.dropped) == (2, 1)
     assert "2 examples" in rows.notes[0] and "1 examples were dropped" in rows.notes[1]
+
+
+def test_row_batches_have_batch_size_rows_and_visit_every_row_once_per_epoch() -> None:
+    rows = Rows(torch.arange(5).unsqueeze(1), torch.arange(5).unsqueeze(1))  # row i holds the id i
+    batches = RowBatches(rows, batch_size=2, seed=0)
+    drawn = [batches.next_batch()[0] for _ in range(5)]  # 10 rows: exactly two epochs
+    assert all(x.shape == (2, 1) for x in drawn)
+    ids = torch.cat(drawn).flatten().tolist()
+    assert sorted(ids[:5]) == sorted(ids[5:]) == [0, 1, 2, 3, 4]
 
 
 # ----------------------------------------------------------------------------------------- bad input

@@ -213,13 +213,15 @@ class RowBatches:
         return torch.randperm(len(self.rows), generator=torch.Generator().manual_seed(self.seed + self.epoch))
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        picked = []
-        while len(picked) < self.batch_size:
+        picked: list[torch.Tensor] = []
+        count = 0
+        while count < self.batch_size:  # a batch may span the end of one epoch and the start of the next
             if self.position >= len(self._order):
                 self.epoch, self.position = self.epoch + 1, 0
                 self._order = self._permutation()
-            take = self._order[self.position : self.position + self.batch_size - len(picked)]
+            take = self._order[self.position : self.position + self.batch_size - count]
             picked.append(take)
+            count += len(take)
             self.position += len(take)
         index = torch.cat(picked)
         return self.rows.x[index], self.rows.y[index]  # (B, T) each
