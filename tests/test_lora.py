@@ -110,3 +110,20 @@ def test_lora_finetune_writes_the_adapter_and_the_merged_model(
     base = transformers.GPT2LMHeadModel.from_pretrained(pretrained)
     with_adapter = peft.PeftModel.from_pretrained(base, out / "adapter")
     torch.testing.assert_close(logits(merged), logits(with_adapter), atol=1e-5, rtol=1e-5)
+
+
+def test_gpt2_chat_merges_an_adapter_made_by_peft(pretrained: Path, tmp_path: Path, gpt2_bpe_dir: Path,
+                                                  capsys, monkeypatch) -> None:  # fmt: skip
+    import io
+
+    from gpt2.cli import main
+
+    for name in ("encoder.json", "vocab.bpe"):
+        shutil.copy(gpt2_bpe_dir / name, pretrained / name)
+    base = transformers.GPT2LMHeadModel.from_pretrained(pretrained)
+    lora = peft.LoraConfig(r=2, target_modules=["c_attn"], fan_in_fan_out=True, init_lora_weights=False)
+    peft.get_peft_model(base, lora).save_pretrained(tmp_path / "peft")
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hi\n"))
+    args = ["chat", "--model", str(pretrained), "--adapter", str(tmp_path / "peft"), "--max-new-tokens", "3"]
+    assert main([*args, "--seed", "0", "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.count("assistant> ") == 1

@@ -16,6 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("chat", help="chat with a fine-tuned model in the terminal (streams replies)")
     parser.add_argument("--model", required=True, help="model directory or Hub name")
     parser.add_argument("--tokenizer", help="tokenizer directory (default: the model's)")
+    parser.add_argument("--adapter", help="a LoRA adapter directory (PEFT's format) to merge into the model")
     parser.add_argument("--system", help="a system message that starts the conversation")
     parser.add_argument("--device", default="auto")
     add_sampling_arguments(parser, max_tokens=200)
@@ -26,8 +27,11 @@ def run(args: argparse.Namespace) -> int:
     from gpt2.api import LLM
     from gpt2.cli.common import sampling_params
     from gpt2.finetune.chat import ChatSession
+    from gpt2.finetune.lora import apply_adapter
 
     llm = LLM.load(args.model, tokenizer=args.tokenizer, device=args.device)
+    if args.adapter:
+        apply_adapter(llm.model, args.adapter)
     session = ChatSession(llm.model, llm.tokenizer, sampling_params(args), system=args.system)
     interactive = sys.stdin.isatty()
     while True:

@@ -7,6 +7,7 @@ from gpt2.finetune.lora import (
     LoRAConfig,
     LoRALinear,
     add_lora,
+    apply_adapter,
     load_adapter,
     lora_state_dict,
     merge_lora,
@@ -17,7 +18,7 @@ from gpt2.finetune.run import FinetuneConfig, FinetuneResult, finetune
 
 __all__ = [
     "CHAT_TEMPLATE", "ChatSession", "Example", "FinetuneConfig", "FinetuneResult", "LoRAConfig", "LoRALinear",
-    "RowBatches", "Rows", "add_lora", "encode_chat", "finetune", "load_adapter", "load_examples", "lora_state_dict",
-    "make_rows", "merge_lora", "read_adapter_config", "render_chat", "save_adapter", "save_chat_template",
-    "split_rows",
+    "RowBatches", "Rows", "add_lora", "apply_adapter", "encode_chat", "finetune", "load_adapter", "load_examples",
+    "lora_state_dict", "make_rows", "merge_lora", "read_adapter_config", "render_chat", "save_adapter",
+    "save_chat_template", "split_rows",
 ]  # fmt: skip

@@ -110,6 +110,12 @@ def merge_lora(model: GPT) -> GPT:
     return model
 
 
+def apply_adapter(model: GPT, directory: str | os.PathLike[str]) -> GPT:
+    """`model` with the PEFT adapter in `directory` loaded and merged in (in place): a plain GPT; returns it."""
+    load_adapter(model, directory)
+    return merge_lora(model)
+
+
 def lora_state_dict(model: GPT) -> dict[str, torch.Tensor]:
     """The adapters under PEFT's key names for GPT2LMHeadModel."""
     tensors = {}

@@ -29,7 +29,7 @@ from gpt2.api import LLM
 from gpt2.finetune.chat import save_chat_template
 from gpt2.finetune.data import RowBatches, Rows, load_examples, make_rows, split_rows
 from gpt2.finetune.lora import LoRAConfig, add_lora, merge_lora, save_adapter
-from gpt2.model import GPT
+from gpt2.model import GPT, CausalSelfAttention
 from gpt2.runtime.device import resolve_device
 from gpt2.train.config import TrainConfig
 from gpt2.train.metrics import METRICS_FILE, PLOT_FILE
@@ -186,8 +186,8 @@ def _set_dropout(model: GPT, dropout: float) -> None:
     for module in model.modules():
         if isinstance(module, nn.Dropout):
             module.p = dropout
-        elif hasattr(module, "dropout") and isinstance(module.dropout, float):
-            module.dropout = dropout  # attention's dropout probability
+        elif isinstance(module, CausalSelfAttention):
+            module.dropout = dropout  # the attention weights' dropout probability
 
 
 def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
