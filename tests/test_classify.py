@@ -17,12 +17,14 @@ from gpt2.finetune.classify import (
     GPTForSequenceClassification,
     LabelSet,
     accuracy,
+    accuracy_evaluation,
     classification_loss,
     encode_texts,
     load_classifier,
     pad_batch,
     read_examples,
     save_classifier,
+    split_examples,
 )
 from gpt2.tokenizer import ByteTokenizer
 from gpt2.train.config import TrainConfig
@@ -169,6 +171,16 @@ def test_the_batch_source_resumes_exactly_where_it_stopped():
         assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
+def test_split_examples_holds_out_a_seeded_fraction(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps({"text": str(i), "label": i % 2}) + "\n" for i in range(10)))
+    examples = read_examples(path)
+    train, val = split_examples(examples, 0.2, seed=3)
+    assert (len(train), len(val)) == (8, 2)
+    assert sorted(e.text for e in train + val) == sorted(e.text for e in examples)
+    assert split_examples(examples, 0.2, seed=3) == (train, val)
+
+
 # -------------------------------------------------------------------------------------- training
 def toy_task(count: int, seed: int) -> tuple[list[str], list[str]]:
     """Separable: 'vowel' texts use only a/e/i/o/u, 'consonant' texts only b/c/d/f/g."""
@@ -200,7 +212,9 @@ def train_toy_classifier(out_dir: Path) -> tuple[GPTForSequenceClassification, L
                       loss_fn=classification_loss)  # fmt: skip
     for _ in range(config.max_steps):
         trainer.train_step()
-    val_accuracy = accuracy(model, encode_texts(tokenizer, val_texts, block), [labels.id_of(x) for x in val_labels])
+    val_ids, val_label_ids = encode_texts(tokenizer, val_texts, block), [labels.id_of(x) for x in val_labels]
+    val_accuracy = accuracy(model, val_ids, val_label_ids)
+    assert accuracy_evaluation(val_ids, val_label_ids)(model, trainer.step) == {"val_accuracy": val_accuracy}
     return model, labels, val_accuracy
 
 

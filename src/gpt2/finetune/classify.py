@@ -19,7 +19,7 @@ from __future__ import annotations
 import csv
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -312,6 +312,32 @@ def accuracy(
         correct += int((predicted == torch.tensor(labels[start : start + batch_size])).sum())
     model.train(was_training)
     return correct / len(labels)
+
+
+def split_examples(
+    examples: Sequence[Example], val_fraction: float, *, seed: int = 0
+) -> tuple[list[Example], list[Example]]:
+    """(train, val): a seeded shuffle, the last val_fraction of it held out (at least one example each)."""
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
+    if len(examples) < 2:
+        raise ValueError(f"need at least 2 examples to hold some out for validation, got {len(examples)}")
+    order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed)).tolist()
+    held_out = min(max(1, round(len(examples) * val_fraction)), len(examples) - 1)
+    shuffled = [examples[i] for i in order]
+    return shuffled[:-held_out], shuffled[-held_out:]
+
+
+def accuracy_evaluation(
+    token_ids: Sequence[Sequence[int]], labels: Sequence[int], *, batch_size: int = 32
+) -> Callable[[nn.Module, int], dict[str, Any]]:
+    """An evaluation for the Trainer's `evaluations`: writes val_accuracy to metrics.jsonl at every evaluation."""
+
+    def evaluate(model: nn.Module, step: int) -> dict[str, Any]:
+        assert isinstance(model, GPTForSequenceClassification)
+        return {"val_accuracy": accuracy(model, token_ids, labels, batch_size=batch_size)}
+
+    return evaluate
 
 
 # ------------------------------------------------------------------------------------------ files
