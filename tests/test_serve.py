@@ -13,6 +13,7 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -103,7 +104,9 @@ def running(llm: LLM, **settings: Any) -> Iterator[str]:
     """A server for `llm` on a free loopback port in a background thread; yields its base URL."""
     from gpt2.serve import uvicorn_server
 
-    sock = socket.socket()
+    # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets that say they are TCP (else each small write
+    # of a keep-alive connection waits ~40 ms for a delayed ACK)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     server = uvicorn_server(llm, ServerConfig(model_name=MODEL, port=port, **settings), log_level="warning")
@@ -132,8 +135,10 @@ def client(base_url: str) -> Any:
     return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0)
 
 
-def post(url: str, body: Any, **options: Any) -> Any:
-    return httpx.post(f"{url}/v1/completions", json=body, timeout=WAIT_SECONDS, **options)
+def post(url: str, body: Any, headers: dict[str, str] | None = None) -> Any:
+    """POST a JSON body to /v1/completions (json.dumps escapes what httpx would refuse, such as a lone surrogate)."""
+    headers = {"Content-Type": "application/json", **(headers or {})}
+    return httpx.post(f"{url}/v1/completions", content=json.dumps(body), headers=headers, timeout=WAIT_SECONDS)
 
 
 def wait_until(condition: Callable[[], bool], what: str) -> None:
@@ -570,6 +575,11 @@ def test_16_concurrent_clients_each_get_the_answer_they_get_alone(
         (dict(frequency_penalty="x"), "frequency_penalty"),
         (dict(logit_bias={"x": 1}), "logit_bias"),
         (dict(logit_bias={"65": 1000}), "logit_bias"),
+        (dict(logit_bias={"99999": 1}), "logit_bias"),
+        (dict(logit_bias={"²": 1}), "logit_bias"),
+        (dict(n=10**9), "n"),
+        (dict(prompt="\ud800"), "prompt"),
+        (dict(stream_options={"include_usage": True}), "stream_options"),
         (dict(prompt=[]), "prompt"),
         (dict(prompt=[1, "a"]), "prompt"),
         (dict(prompt=[999]), "prompt"),
@@ -667,12 +677,14 @@ def random_value(rng: random.Random, depth: int = 0) -> Any:
     if kind == 4:
         return rng.choice([0.0, -0.0, 0.5, 1.0, 1e-320, 1e-30, 2.0, 2.0001, 1e308, -1e308, rng.uniform(-3, 3)])
     if kind == 5:
-        return rng.choice(["", "tiny", "x", "\u0000", "é🤗", "<|endoftext|>", "a" * 300, "null"])
+        return rng.choice(["", "tiny", "x", "\u0000", "é🤗", "\ud800", "<|endoftext|>", "a" * 300, "null", "²"])
     if kind == 6:
         return "".join(chr(rng.randrange(1, 0x2FFF)) for _ in range(rng.randrange(12)))
     if kind in (7, 8):
         return rng.uniform(0, 2) if kind == 7 else rng.randrange(0, 8)
-    if kind in (9, 10):
+    if kind == 9:
+        return rng.choice([{"65": 5}, {"99999": 1}, {"²": 1}, {"-1": 1}, {"65": float("inf")}])
+    if kind == 10:
         return [random_value(rng, depth + 1) for _ in range(rng.randrange(5))]
     return {str(random_value(rng, depth + 1))[:10]: random_value(rng, depth + 1) for _ in range(rng.randrange(4))}
 
@@ -699,8 +711,8 @@ def random_body(rng: random.Random) -> bytes:
         body["prompt"] = rng.choice(["hello", ["a", "b"], [104, 105], [[104], [105, 106]]])
     for name in rng.sample(FUZZ_FIELDS, rng.randrange(1, 6)):
         body[name] = random_value(rng)
-    if isinstance(body.get("n"), int) and body["n"] > 4:
-        body["n"] = 4  # keep a fuzz run short: valid bodies generate real tokens
+    if isinstance(body.get("n"), int) and 4 < body["n"] <= 64:
+        body["n"] = 4  # keep a fuzz run short: valid bodies generate real tokens (more than 64 are refused)
     if isinstance(body.get("max_tokens"), int) and body["max_tokens"] > 8:
         body["max_tokens"] = 8
     return json.dumps(body).encode()  # json.dumps writes NaN/Infinity for such floats: that is fuzz too
@@ -718,6 +730,8 @@ def test_a_fuzz_of_random_and_malformed_bodies_never_gets_a_5xx(base_url: str, c
             assert response.status_code < 500, response.text
             if response.status_code >= 400:
                 assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+            elif response.headers["content-type"].startswith("text/event-stream"):
+                assert response.text.endswith("data: [DONE]\n\n"), response.text  # no stream broke midway
     assert statuses.get(200, 0) > 0 and statuses.get(400, 0) > 0  # both kinds were exercised
     wait_until(lambda: health(base_url)["active"] == 0, "the engine to be idle")
     assert client.completions.create(model=MODEL, prompt="still alive", max_tokens=2).usage.completion_tokens == 2
@@ -783,10 +797,14 @@ def test_sigterm_lets_the_stream_in_flight_finish_then_exits_0(tmp_path: Path) -
 
 
 def test_the_server_listens_on_loopback_unless_told_otherwise() -> None:
-    from gpt2.cli import build_parser
+    import argparse
 
+    from gpt2.cli import serve as serve_command
+
+    parser = argparse.ArgumentParser()
+    serve_command.register(parser.add_subparsers())
     assert ServerConfig().host == "127.0.0.1"
-    assert build_parser().parse_args(["serve", "--model", "m"]).host == "127.0.0.1"
+    assert parser.parse_args(["serve", "--model", "m"]).host == "127.0.0.1"
 
 
 def test_gpt2_serve_refuses_bad_settings_in_one_line_before_loading(capsys: pytest.CaptureFixture[str]) -> None:
@@ -812,3 +830,38 @@ def test_logprob_values_are_finite_json(base_url: str) -> None:
     text = post(base_url, body).text
     assert "Infinity" not in text and "NaN" not in text
     assert all(math.isfinite(value) for value in json.loads(text)["choices"][0]["logprobs"]["token_logprobs"])
+
+
+@pytest.mark.slow
+def test_the_playground_streams_a_completion_in_a_real_browser(base_url: str, reference: LLM, tmp_path: Path) -> None:
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver_path = shutil.which("chromedriver")
+    if driver_path is None:
+        pytest.skip("chromedriver is not installed (apt-get install chromium chromium-driver)")
+    options = webdriver.ChromeOptions()
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1100,800"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver_path))
+    try:
+        driver.get(base_url)
+        wait = WebDriverWait(driver, WAIT_SECONDS)
+        wait.until(lambda d: d.find_element(By.ID, "model").text == MODEL)
+        driver.execute_script("document.getElementById('prompt').value = 'Once upon a time';")
+        driver.execute_script("document.getElementById('max-tokens').value = '24';")
+        driver.execute_script("document.getElementById('seed').value = '5';")
+        driver.find_element(By.ID, "generate").click()
+        wait.until(lambda d: d.find_element(By.ID, "status").text.startswith("done"))
+        output = driver.find_element(By.ID, "output").get_attribute("textContent")
+        expected = reference.generate("Once upon a time", SamplingParams(max_tokens=24, seed=5))[0]
+        assert output == "Once upon a time" + expected
+        token = driver.find_elements(By.CSS_SELECTOR, "#output .tok")[2]
+        webdriver.ActionChains(driver).move_to_element(token).perform()
+        tip = driver.find_element(By.ID, "tip")
+        wait.until(lambda d: tip.is_displayed())
+        assert "p = " in tip.text and "%" in tip.text
+        driver.save_screenshot(str(tmp_path / "playground.png"))
+    finally:
+        driver.quit()

@@ -44,6 +44,7 @@ from gpt2.serve.protocol import (
     GenerationRequest,
     LogprobFormatter,
     bad_request,
+    field_named,
     new_id,
     now,
     parse_chat_request,
@@ -144,7 +145,7 @@ class _Submission:
         except EngineStopped as err:
             raise APIError(503, str(err), type="server_error", code="shutting_down") from err
         except ValueError as err:
-            raise bad_request(str(err)) from err
+            raise bad_request(str(err), field_named(str(err))) from err
         self._remaining = len(requests)
 
     def _deliver(self, output: SequenceOutput) -> None:  # called on the engine's thread
@@ -234,6 +235,14 @@ class _Service:
                 code="model_not_found",
             )
 
+    def check_choices(self, count: int) -> None:
+        """A request's sequences (prompts times n) must fit the queue at once."""
+        if count > self.engine.max_queue:
+            raise bad_request(
+                f"{count} choices (prompts times n) is more than this server queues at once ({self.engine.max_queue})",
+                "n",
+            )
+
     async def read_json(self, request: Request) -> Any:
         """The body as JSON, refusing more than max_body_bytes (413) and anything that is not JSON (400)."""
         limit = self.config.max_body_bytes
@@ -256,7 +265,10 @@ class _Service:
     def encode(self, prompt: str | Sequence[int], param: str) -> list[int]:
         """A prompt's token ids: a text is encoded (special-token texts stay plain text); an empty prompt is
         <|endoftext|>, the start of a new document, as in OpenAI's API."""
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        try:
+            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        except ValueError as err:  # e.g. a lone surrogate ("\ud800" is valid JSON but not encodable text)
+            raise bad_request(f"the {param} is not valid Unicode text: {err}", param) from err
         ids = ids or [self.tokenizer.eot_token]
         if len(ids) > self.engine.block_size:
             raise bad_request(
@@ -292,6 +304,7 @@ class _Service:
     async def completions(self, request: Request) -> Response:
         parsed = parse_completion_request(await self.read_json(request), max_prompts=self.config.max_prompts)
         self.check_model(parsed.model)
+        self.check_choices(len(parsed.prompts) * parsed.params.n)
         prompts = await run_in_threadpool(lambda: [self.encode(prompt, "prompt") for prompt in parsed.prompts])
         n = parsed.params.n
         scoring = parsed.echo and parsed.logprobs is not None
@@ -346,7 +359,7 @@ class _Service:
         created: int,
     ) -> AsyncIterator[dict[str, Any]]:
         head = {"id": response_id, "object": "text_completion", "created": created, "model": self.config.model_name}
-        offsets = [len(self.tokenizer.decode(choice.prompt_ids)) for choice in choices] if parsed.logprobs else []
+        offsets = [len(self.tokenizer.decode(choice.prompt_ids)) for choice in choices]
         echoed = [not parsed.echo] * len(choices)
         async for output in submission.outputs():
             if output.error:
@@ -382,6 +395,7 @@ class _Service:
     async def chat(self, request: Request) -> Response:
         parsed = parse_chat_request(await self.read_json(request))
         self.check_model(parsed.model)
+        self.check_choices(parsed.params.n)
         prompt = await run_in_threadpool(self.encode, render_chat(parsed.messages), "messages")
         parsed = _with_chat_stop(parsed)
         submission = _Submission(self.engine, self.sequences(parsed, [prompt]), self.config.retry_after_seconds)

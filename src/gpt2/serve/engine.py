@@ -259,6 +259,11 @@ class Engine:
         sequences = []
         for index, request in enumerate(requests):
             self.check_prompt(request.prompt)
+            for token in request.penalties.logit_bias:
+                if token >= self.vocab_size:
+                    raise ValueError(
+                        f"logit_bias names token {token}, which is not in the vocabulary [0, {self.vocab_size})"
+                    )
             room = self.block_size - len(request.prompt)  # prompt + completion fit the context
             max_new = min(request.params.max_tokens, room)
             sequences.append(_Sequence(index, request, sink, max_new, self.device, self.vocab_size))

@@ -100,12 +100,14 @@ function tint(p) {  // likely tokens pale, unlikely ones strong
   return "rgba(226, 120, 40, " + alpha + ")";
 }
 
+function percent(p) {  // small probabilities keep two significant digits
+  return p >= 0.0001 ? (p * 100).toFixed(2) + "%" : (p * 100).toExponential(1) + "%";
+}
+
 function describe(tokens) {
   return tokens.map((t) => {
-    const lines = [JSON.stringify(t.token) + "  p = " + (t.p * 100).toFixed(2) + "%"];
-    for (const [alt, lp] of t.top) {
-      lines.push("   " + JSON.stringify(alt).padEnd(16) + (Math.exp(lp) * 100).toFixed(2) + "%");
-    }
+    const lines = [JSON.stringify(t.token) + "  p = " + percent(t.p)];
+    for (const [alt, lp] of t.top) lines.push("   " + JSON.stringify(alt).padEnd(16) + percent(Math.exp(lp)));
     return lines.join("\\n");
   }).join("\\n");
 }

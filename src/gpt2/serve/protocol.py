@@ -157,7 +157,7 @@ def _generation_fields(body: dict[str, Any], *, default_max_tokens: int | None) 
     if best_of is not None and best_of != n:
         raise bad_request("best_of is not supported (other than equal to n)", "best_of")
     seed = _get(body, "seed")
-    if _is_int(seed) and _is_int(n) and not INT64_MIN <= seed <= INT64_MAX - max(n, 1):
+    if _is_int(seed) and not INT64_MIN <= seed <= INT64_MAX:  # choice i uses seed + i: still a torch seed
         raise bad_request(f"seed must be a 64-bit integer, got {seed}", "seed")
     stream = _bool(body, "stream")
     options = _get(body, "stream_options")
@@ -176,7 +176,7 @@ def _generation_fields(body: dict[str, Any], *, default_max_tokens: int | None) 
             n=n,
         )
     except ValueError as err:
-        raise bad_request(str(err), _field_named(str(err))) from err
+        raise bad_request(str(err), field_named(str(err))) from err
     return dict(
         model=model,
         params=params,
@@ -192,7 +192,7 @@ def _penalties(body: dict[str, Any]) -> Penalties:
         raise bad_request(f"logit_bias must be an object of token id -> bias, got {_describe(bias)}", "logit_bias")
     token_bias: dict[int, float] = {}
     for key, value in bias.items():
-        if not isinstance(key, str) or not key.isdigit() or len(key) > 12:
+        if not isinstance(key, str) or not (key.isascii() and key.isdigit()) or len(key) > 12:
             raise bad_request(f'logit_bias keys must be token ids such as "50256", got {key!r}', "logit_bias")
         token_bias[int(key)] = value
     try:
@@ -202,7 +202,7 @@ def _penalties(body: dict[str, Any]) -> Penalties:
             logit_bias=token_bias,
         )
     except ValueError as err:
-        raise bad_request(str(err), _field_named(str(err))) from err
+        raise bad_request(str(err), field_named(str(err))) from err
 
 
 def _prompts(prompt: Any, max_prompts: int) -> tuple[str | tuple[int, ...], ...]:
@@ -267,8 +267,8 @@ def _describe(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _field_named(message: str) -> str | None:
-    """The request field a validation message starts with (SamplingParams names them), if any."""
+def field_named(message: str) -> str | None:
+    """The request field a validation message starts with (SamplingParams and the engine name them), if any."""
     first = message.split(" ", 1)[0]
     return first if first in (*SAMPLING_FIELDS, "presence_penalty", "frequency_penalty", "logit_bias") else None
 

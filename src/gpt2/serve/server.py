@@ -10,7 +10,6 @@ interrupt).
 from __future__ import annotations
 
 import signal
-import socket
 import threading
 from types import FrameType
 
@@ -22,7 +21,8 @@ from gpt2.serve.config import ServerConfig
 
 
 def uvicorn_server(llm: LLM, config: ServerConfig, *, log_level: str = "info") -> uvicorn.Server:
-    """The uvicorn server for `llm` with `config` (not started: call `.run()`, or `.run(sockets=[...])`)."""
+    """The uvicorn server for `llm` with `config` (not started: call `.run()`, or `.run(sockets=[...])` with a
+    bound socket made with proto=IPPROTO_TCP, without which asyncio leaves Nagle's algorithm on)."""
     app = create_app(llm, config)
     settings = uvicorn.Config(
         app,
@@ -35,15 +35,15 @@ def uvicorn_server(llm: LLM, config: ServerConfig, *, log_level: str = "info") -
     return uvicorn.Server(settings)
 
 
-def serve(llm: LLM, config: ServerConfig, *, log_level: str = "info", sock: socket.socket | None = None) -> None:
-    """Serve `llm` until SIGTERM or Ctrl-C (what `gpt2 serve` calls); `sock`: an already bound socket."""
+def serve(llm: LLM, config: ServerConfig, *, log_level: str = "info") -> None:
+    """Serve `llm` until SIGTERM or Ctrl-C (what `gpt2 serve` calls)."""
     server = uvicorn_server(llm, config, log_level=log_level)
     if threading.current_thread() is not threading.main_thread():  # no signals there: uvicorn installs none
-        server.run(sockets=[sock] if sock is not None else None)
+        server.run()
         return
     previous = signal.signal(signal.SIGTERM, _drained)
     try:
-        server.run(sockets=[sock] if sock is not None else None)
+        server.run()
     finally:
         signal.signal(signal.SIGTERM, previous)
 
