@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from gpt2.inference.sampling import SamplingParams, sample_next_token
+from gpt2.inference.text import TextAssembler
 from gpt2.tokenizer.protocol import TextTokenizer
 
 if TYPE_CHECKING:
@@ -304,37 +305,16 @@ def stream_text(
         vocab_limit=len(tokenizer),
         **engine_options,
     )
-    decoder = tokenizer.stream_decoder()
-    held = ""  # decoded text not yet yielded: it might be the start of a stop text
-    longest_stop = max((len(text) for text in params.stop), default=0)
+    text = TextAssembler(tokenizer, params.stop)
     for token in tokens:
         token_id = int(token[0])
         if token_id in stop_ids:
             break
-        held += decoder.push(token_id)
-        if not params.stop:
-            if held:
-                yield held
-            held = ""
-            continue
-        cut = _first_stop(held, params.stop)
-        if cut is not None:
-            if held[:cut]:
-                yield held[:cut]
+        piece, stopped = text.push(token_id)
+        if piece:
+            yield piece
+        if stopped:
             return
-        # everything but the last (longest stop - 1) characters can no longer become part of a stop text
-        safe = max(0, len(held) - (longest_stop - 1))
-        if safe:
-            yield held[:safe]
-            held = held[safe:]
-    held += decoder.flush()
-    cut = _first_stop(held, params.stop)
-    rest = held if cut is None else held[:cut]
+    rest = text.finish()
     if rest:
         yield rest
-
-
-def _first_stop(text: str, stops: Sequence[str]) -> int | None:
-    """Where the earliest stop text starts in `text`, or None."""
-    found = [position for position in (text.find(stop) for stop in stops) if position >= 0]
-    return min(found) if found else None

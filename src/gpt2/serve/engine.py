@@ -32,9 +32,9 @@ import torch
 import torch.nn.functional as F
 
 from gpt2.inference.sampling import SamplingParams, sample_next_token
+from gpt2.inference.text import TextAssembler
 from gpt2.model import GPT
 from gpt2.serve.batch import DecodeBatch
-from gpt2.serve.text import TextAssembler
 from gpt2.tokenizer.protocol import TextTokenizer
 
 logger = logging.getLogger(__name__)

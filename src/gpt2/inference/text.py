@@ -1,9 +1,8 @@
-"""Tokens in, text out for one sequence of the server: whole characters only, and stop texts cut off.
+"""Tokens in, text out for one sequence: whole characters only, and stop texts cut off.
 
-The same rules as `gpt2.inference.generation.stream_text` (the offline path), one token at a time, so a
-sequence that the engine decodes inside a batch produces the text a lone `LLM.generate` call produces:
-the tokenizer's streaming decoder holds back the bytes of a split character, and text that could be the start
-of a stop text is held back until it is known not to be one. The stop text itself is never returned.
+Used by `stream_text` (offline) and by the server's engine (one sequence inside a batch), so both produce the
+same text: the tokenizer's streaming decoder holds back the bytes of a split character, and text that could be
+the start of a stop text is held back until it is known not to be one. The stop text itself is never returned.
 """
 
 from __future__ import annotations
