@@ -18,7 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Fine-tune a pretrained GPT-2 (HF directory or Hub name) with its tokenizer. Data: a text file or folder "
             "(documents separated by <|endoftext|>), .jsonl with a text field, prompt/completion pairs (loss on "
             "the completion) or chat `messages` (loss on assistant turns), or .csv (--set text_column=NAME). "
-            "Defaults: LR 1e-4 (1e-3 with --lora), 10 warmup steps, 10%% val split, the best checkpoint by val "
+            "Defaults: LR 1e-4 (1e-3 with --lora), 10 warmup steps, 10% val split, the best checkpoint by val "
             "loss is the output. Settings: see gpt2.finetune.FinetuneConfig (--set KEY=VALUE)."
         ),
     )
