@@ -111,6 +111,31 @@ def test_windows_cross_shard_boundaries_and_read_both_shards(tmp_path):
     assert np.array_equal(view.rows([6], 3)[0], stream[6:9])  # shards of 7, 1 and 30: one window, three shards
 
 
+def mapped_kilobytes(path: Path) -> int:
+    """Resident kB of this process's mappings of `path` (Linux /proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if "-" in line.split(" ", 1)[0] and len(line.split()) >= 5:  # a mapping's header line
+            inside = line.split()[-1] == str(path)
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux /proc/self/smaps")
+def test_rows_give_the_pages_they_mapped_back_to_the_page_cache(tmp_path):
+    stream = (np.arange(1 << 20) % 257).astype(np.uint16)  # 2 MB in one shard
+    save_token_shards(tmp_path / "big", {"train": [stream]}, ByteTokenizer())
+    view = load_split(tmp_path / "big", "train")
+    shard = (tmp_path / "big" / "train_000000.bin").resolve()
+    inside = view[1000:1010]  # a slice is a zero-copy view: its pages stay mapped while it is used
+    assert inside.tolist() == stream[1000:1010].tolist() and mapped_kilobytes(shard) > 0
+    starts = np.arange(0, len(stream) - 64, 4096)  # a window on every 8 KB of the file
+    rows = view.rows(starts, 64)
+    assert mapped_kilobytes(shard) == 0
+    assert np.array_equal(rows[:, 0], stream[starts]) and inside[3] == stream[1003]  # the slice is still valid
+
+
 def test_a_view_refuses_indexes_outside_it_and_mixed_shards():
     view = TokenView([np.arange(3, dtype=np.uint16), np.arange(2, dtype=np.uint16)])
     with pytest.raises(IndexError, match="index 5 is out of range for a view of 5 tokens"):

@@ -13,6 +13,7 @@ the kernel keeps cached are file-backed and given back under memory pressure.
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,6 +43,7 @@ class TokenView:
         elif arrays and arrays[0].dtype != np.dtype(dtype):
             raise ValueError(f"the shards hold {arrays[0].dtype}, not the dtype {np.dtype(dtype)} passed")
         self.shards: tuple[np.ndarray, ...] = tuple(arrays)
+        self._mappings = [_mapping_of(array) for array in arrays]  # None for an array in memory
         self.dtype = np.dtype(dtype)
         # shard k holds positions starts[k] ... starts[k + 1] - 1; (num_shards + 1,) int64
         self.starts = np.concatenate([[0], np.cumsum([len(a) for a in arrays], dtype=np.int64)]).astype(np.int64)
@@ -114,9 +116,23 @@ class TokenView:
     def rows(self, starts: np.ndarray | Sequence[int], length: int) -> np.ndarray:
         """Windows view[s : s + length] for each s in `starts`, stacked: shape (len(starts), length), int64.
 
-        A window may cross shard boundaries; it must end inside the view.
+        A window may cross shard boundaries; it must end inside the view. The rows are copies: the pages read for
+        them are given back to the page cache afterwards (see the module docstring).
         """
-        return np.stack([self.read(int(s), int(s) + length) for s in starts]).astype(np.int64, copy=False)
+        starts = np.asarray(starts, dtype=np.int64)
+        rows = np.stack([self.read(int(s), int(s) + length) for s in starts]).astype(np.int64)
+        if len(starts):
+            touched = np.searchsorted(self.starts, np.concatenate([starts, starts + length - 1]), side="right") - 1
+            self.release(np.unique(touched).tolist())
+        return rows
+
+    def release(self, shards: Sequence[int] | None = None) -> None:
+        """Unmap the pages of `shards` (default: all) from this process; the next read maps them again from the
+        page cache. Arrays returned earlier stay valid (read-only file mappings are re-read on access)."""
+        for index in range(len(self.shards)) if shards is None else shards:
+            mapping = self._mappings[index]
+            if mapping is not None and hasattr(mapping, "madvise"):  # madvise: POSIX only
+                mapping.madvise(mmap.MADV_DONTNEED)
 
     def take(self, positions: np.ndarray | Sequence[int]) -> np.ndarray:
         """The ids at arbitrary `positions` (each in [0, len)), in that order."""
@@ -129,3 +145,11 @@ class TokenView:
             chosen = shard_of == shard
             out[chosen] = self.shards[shard][positions[chosen] - self.starts[shard]]
         return out
+
+
+def _mapping_of(array: np.ndarray) -> mmap.mmap | None:
+    """The memory map an array reads from (np.memmap, np.load(mmap_mode=...), np.frombuffer(mmap)), else None."""
+    base: object = array
+    while base is not None and not isinstance(base, mmap.mmap):
+        base = getattr(base, "base", None)
+    return base
