@@ -26,22 +26,30 @@ from gpt2.model import GPT
 MIB = 2**20
 GPT2 = GPTConfig.from_name("gpt2")
 
-# Peak resident memory of a few AdamW training steps, above the process's peak after the imports. Runs in a fresh
-# interpreter so the figure is its own. glibc's malloc would keep freed multi-MB tensors in its heap (its mmap
-# threshold grows with every large free), so RSS would count memory the run no longer holds; a fixed threshold
-# returns every freed large tensor to the system and RSS follows what training actually holds.
+# Peak resident memory of a few AdamW training steps, above the process's resident memory after the imports, in a
+# fresh interpreter. Read from /proc/self/status (VmHWM: the peak of this process's own memory map), not from
+# getrusage's ru_maxrss, which Linux carries over from the parent across fork and exec: under a pytest process
+# that has grown larger than the run, ru_maxrss would report pytest's size. glibc's malloc would keep freed
+# multi-MB tensors in its heap (its mmap threshold grows with every large free), so RSS would count memory the run
+# no longer holds; a fixed threshold returns every freed large tensor to the system and RSS follows what training
+# actually holds.
 MEASURE = textwrap.dedent(
     """
-    import json, resource, sys
+    import json, sys
     import torch
     from gpt2.config import GPTConfig
     from gpt2.model import GPT
+
+    def status_bytes(field):  # /proc/self/status reports kB
+        for line in open("/proc/self/status"):
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
 
     args = json.loads(sys.argv[1])
     config = GPTConfig(**args["config"])
     x = torch.randint(0, config.vocab_size, (args["batch_size"], args["block_size"]))
     y = torch.randint(0, config.vocab_size, (args["batch_size"], args["block_size"]))
-    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    baseline = status_bytes("VmRSS")
     model = GPT(config).train()
     model.activation_checkpointing = args["activation_checkpointing"]
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)  # the Trainer's CPU AdamW
@@ -49,7 +57,7 @@ MEASURE = textwrap.dedent(
         model(x, y).loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - baseline)
+    print(status_bytes("VmHWM") - baseline)
     """
 )
 
@@ -68,7 +76,7 @@ LARGER = GPTConfig(n_layer=6, n_head=6, n_embd=384, vocab_size=16384, block_size
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ru_maxrss is in KiB on Linux only")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 @pytest.mark.parametrize(
     ("config", "activation_checkpointing"),
     [(SMALL, False), (LARGER, False), (SMALL, True)],
