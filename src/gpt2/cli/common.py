@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from gpt2.api import LLM
+from gpt2.inference.layouts import PRECISIONS
 from gpt2.inference.sampling import SamplingParams
 
 
@@ -15,6 +16,20 @@ def load_model_and_tokenizer(model_name: str, tokenizer_name: str | None, device
     """The model on `device` and its tokenizer, through the facade (`gpt2.api.LLM.load`)."""
     llm = LLM.load(model_name, tokenizer=tokenizer_name, device=device)
     return llm.model, llm.tokenizer
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, *, inference: bool = False) -> None:
+    """--model and --tokenizer (what `LLM.load` reads); with `inference`, also --dtype and --device."""
+    parser.add_argument("--model", required=True, help="model directory, Hub name, OpenAI TF release or llm.c file")
+    parser.add_argument("--tokenizer", help="tokenizer directory or Hub name (default: the one saved with the model)")
+    if inference:
+        parser.add_argument(
+            "--dtype",
+            choices=PRECISIONS,
+            default="float32",
+            help="weights' precision (default float32; int8 = int8 weights, bfloat16 activations)",
+        )
+        parser.add_argument("--device", default="auto", help="'auto' (cuda when available), 'cpu', 'cuda', ...")
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser, *, max_tokens: int = 256) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt2.api import LLM
+from gpt2.cli.common import add_model_arguments
 from gpt2.export import FORMATS, export_dtype, export_model
 
 
@@ -25,8 +26,7 @@ def register(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--model", required=True, help="model directory, Hub name or llm.c .bin file")
-    parser.add_argument("--tokenizer", help="tokenizer directory or Hub name (default: the one saved with the model)")
+    add_model_arguments(parser)
     parser.add_argument("--format", required=True, choices=list(FORMATS), help="what to write")
     parser.add_argument("--out", required=True, help="file to write (gguf, llmc) or directory (hf)")
     parser.add_argument("--dtype", help="stored precision (default: f16 for gguf, f32 otherwise)")

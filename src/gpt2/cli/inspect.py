@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from gpt2.cli.common import add_model_arguments
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
@@ -25,8 +27,7 @@ def register(subparsers: Any) -> None:
     views = parser.add_subparsers(dest="view", metavar="VIEW", required=True)
 
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--model", required=True, help="HF-format model directory, llm.c file or Hub name")
-    common.add_argument("--tokenizer", help="tokenizer directory or Hub name (default: the one saved with the model)")
+    add_model_arguments(common)
     common.add_argument("--prompt", required=True, help="the text to look at")
     common.add_argument("--device", default="auto", help="'auto' (cuda when available), 'cpu', 'cuda', ...")
 

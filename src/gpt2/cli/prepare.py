@@ -27,7 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "prepare",
         help="tokenize a corpus into train/val token shards",
         description="Tokenize text into train/val token shards plus manifest.json. Each document (a text file "
-        "or a JSONL record) is preceded by <|endoftext|>; the last --val-fraction of the stream is the val split.",
+        "or a JSONL record) is preceded by <|endoftext|>; the last --val-fraction of the stream is the val split. "
+        "Interrupted, the same command again resumes after the last finished --shard-tokens piece of the stream.",
     )
     parser.add_argument(
         "sources",
@@ -51,7 +52,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=DEFAULT_CHUNK_CHARS,
         help="characters tokenized at a time (bounds memory; only a word longer than this is cut inside)",
     )
-    parser.add_argument("--dataset", default=None, help="Hugging Face dataset name (needs `datasets`, online)")
+    parser.add_argument(
+        "--dataset", default=None, help="Hugging Face dataset name or local dataset folder, streamed with `datasets`"
+    )
     parser.add_argument("--dataset-config", default=None, help="configuration of --dataset, e.g. 'sample-10BT'")
     parser.add_argument("--dataset-split", default="train", help="split of --dataset to read (default 'train')")
     parser.add_argument(
@@ -63,7 +66,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "from file sizes (a --dataset)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace data already prepared in --out")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar, no status lines")
     parser.set_defaults(func=run)
 
 

@@ -15,8 +15,7 @@ import sys
 from typing import Any
 
 from gpt2.api import LLM
-from gpt2.cli.common import add_sampling_arguments, sampling_params
-from gpt2.inference.layouts import PRECISIONS
+from gpt2.cli.common import add_model_arguments, add_sampling_arguments, sampling_params
 
 SAMPLE_SEPARATOR = "\n" + "-" * 40 + "\n"
 
@@ -28,19 +27,11 @@ def register(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--model", required=True, help="HF-format model directory or Hub name")
-    parser.add_argument("--tokenizer", help="tokenizer directory or Hub name (default: the model directory)")
+    add_model_arguments(parser, inference=True)
     parser.add_argument("--prompt", help="text to continue; read from stdin when absent or '-'")
     add_sampling_arguments(parser)
     parser.add_argument("--truncate", choices=["left"], help="cut a prompt longer than the context from the left")
     parser.add_argument("--slide-by", type=int, help="window shift past the context (default block_size // 4)")
-    parser.add_argument(
-        "--dtype",
-        choices=PRECISIONS,
-        default="float32",
-        help="weights' precision (default float32; int8 = int8 weights, bfloat16 activations)",
-    )
-    parser.add_argument("--device", default="auto", help="'auto' (cuda when available), 'cpu', 'cuda', ...")
     parser.add_argument("--compile", action="store_true", help="torch.compile the decode step (GPU)")
     parser.add_argument("--no-echo", action="store_true", help="print only the continuation, not the prompt")
     parser.set_defaults(func=run)

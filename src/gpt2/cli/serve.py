@@ -17,7 +17,7 @@ import os
 from typing import Any
 
 from gpt2.api import LLM
-from gpt2.inference.layouts import PRECISIONS
+from gpt2.cli.common import add_model_arguments
 from gpt2.serve.config import ServerConfig
 
 API_KEY_ENV = "GPT2_SERVE_API_KEY"
@@ -31,21 +31,13 @@ def register(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--model", required=True, help="HF-format model directory or Hub name")
-    parser.add_argument("--tokenizer", help="tokenizer directory or Hub name (default: the model directory)")
+    add_model_arguments(parser, inference=True)
     parser.add_argument("--served-model-name", help="the model's name in the API (default: --model)")
     parser.add_argument("--host", default=defaults.host, help=f"interface to listen on (default {defaults.host})")
     parser.add_argument("--port", type=int, default=defaults.port, help=f"TCP port (default {defaults.port})")
     parser.add_argument(
         "--api-key", default=os.environ.get(API_KEY_ENV), help=f"require this bearer key (default: ${API_KEY_ENV})"
     )
-    parser.add_argument(
-        "--dtype",
-        choices=PRECISIONS,
-        default="float32",
-        help="weights' precision (default float32; int8 = int8 weights, bfloat16 activations)",
-    )
-    parser.add_argument("--device", default="auto", help="'auto' (cuda when available), 'cpu', 'cuda', ...")
     parser.add_argument("--max-batch", type=int, default=defaults.max_batch, help="sequences decoded together at most")
     parser.add_argument(
         "--max-queue", type=int, default=defaults.max_queue, help="sequences waiting at most (then 429)"
