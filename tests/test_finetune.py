@@ -14,11 +14,25 @@ from safetensors.torch import load_file
 
 from gpt2.api import LLM
 from gpt2.cli import main
+from gpt2.config import GPTConfig
 from gpt2.finetune import FinetuneConfig, finetune, load_examples, make_rows, render_chat
 from gpt2.finetune.chat import CHAT_TEMPLATE_FILE, encode_chat, header
+from gpt2.finetune.classify import (
+    ClassificationBatches,
+    GPTForSequenceClassification,
+    classification_loss,
+    classify_texts,
+    load_classifier,
+    pad_batch,
+)
 from gpt2.finetune.data import Example, RowBatches, Rows
+from gpt2.finetune.memory import estimate_memory
+from gpt2.finetune.run import parse_bytes
 from gpt2.model import IGNORE_INDEX
 from gpt2.tokenizer import ByteTokenizer
+from gpt2.train.config import TrainConfig
+from gpt2.train.optimizer import configure_optimizer
+from gpt2.train.trainer import Trainer
 
 transformers = pytest.importorskip("transformers")
 
@@ -234,3 +248,168 @@ def test_gpt2_chat_streams_a_reply_per_piped_line(pretrained: Path, capsys, monk
     status = main(["chat", "--model", str(pretrained), "--max-new-tokens", "4", "--seed", "0", "--device", "cpu"])
     assert status == 0
     assert capsys.readouterr().out.count("assistant> ") == 2
+
+
+# ------------------------------------------------------------------------------------ classification
+@pytest.fixture
+def labelled_file(tmp_path: Path) -> Path:
+    """A separable toy task: the last word says the label (a fruit or an animal)."""
+    generator = torch.Generator().manual_seed(0)
+    fillers = ["the", "a", "one", "my", "your", "this", "that", "some"]
+    lines = []
+    for i in range(80):
+        fruit = i % 2 == 0
+        prefix = " ".join(fillers[int(j)] for j in torch.randint(len(fillers), (3,), generator=generator))
+        text = f"{prefix} {'apple' if fruit else 'zebra'}"
+        lines.append(json.dumps({"sentence": text, "kind": "fruit" if fruit else "animal"}))
+    path = tmp_path / "labelled.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def classify_run(model: Path, data: Path, out: Path, **changes) -> FinetuneConfig:
+    values = dict(
+        task="classification",
+        text_field="sentence",
+        label_field="kind",
+        batch_size=8,
+        max_steps=16,
+        eval_interval=8,
+        checkpoint_interval=8,
+        val_fraction=0.25,
+        learning_rate=3e-3,
+        dropout=0.1,
+    )
+    return small_run(model, data, out, **{**values, **changes})
+
+
+def test_classification_finetune_learns_the_task_and_transformers_loads_it(
+    pretrained: Path, labelled_file: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    result = finetune(classify_run(pretrained, labelled_file, out))
+    assert result.best_val_accuracy is not None and result.best_val_accuracy >= 0.9
+    assert result.best_val_loss < result.first_val_loss
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "val_accuracy" in r] == [0, 8, 16]
+    config = json.loads((out / "config.json").read_text())
+    assert config["id2label"] == {"0": "animal", "1": "fruit"} and config["label2id"] == {"animal": 0, "fruit": 1}
+
+    ours, labels = load_classifier(out)
+    theirs = transformers.GPT2ForSequenceClassification.from_pretrained(out).eval()
+    ids, mask = pad_batch([[1, 2, 3, 4], [5, 6]], pad_token_id=50256)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids, attention_mask=mask).logits, theirs(ids, attention_mask=mask).logits,
+                                   atol=1e-5, rtol=1e-5)  # fmt: skip
+    assert [p.label for p in classify_texts(out, ["the my apple", "a one zebra"])] == ["fruit", "animal"]
+
+
+def test_gpt2_finetune_task_classification_then_gpt2_classify(
+    pretrained: Path, labelled_file: Path, tmp_path: Path, capsys
+) -> None:
+    out = tmp_path / "out"
+    args = ["finetune", "--task", "classification", "--model", str(pretrained), "--data", str(labelled_file),
+            "--out", str(out), "--no-progress"]  # fmt: skip
+    for key, value in [
+        ("text_field", "sentence"),
+        ("label_field", "kind"),
+        ("max_steps", 12),
+        ("batch_size", 8),
+        ("learning_rate", 3e-3),
+        ("eval_interval", 6),
+        ("device", "cpu"),
+        ("dtype", "float32"),
+    ]:
+        args += ["--set", f"{key}={value}"]  # fmt: skip
+    assert main(args) == 0
+    printed = capsys.readouterr()
+    assert "val accuracy" in printed.out and "gpt2 classify" in printed.out
+    assert "memory estimate:" in printed.err and "memory estimate with activation checkpointing:" in printed.err
+    assert main(["classify", "--model", str(out), "a my apple"]) == 0
+    assert "fruit" in capsys.readouterr().out
+
+
+def test_resume_of_a_classification_finetune_is_exact(pretrained: Path, labelled_file: Path, tmp_path: Path) -> None:
+    whole = finetune(classify_run(pretrained, labelled_file, tmp_path / "whole"))
+    finetune(classify_run(pretrained, labelled_file, tmp_path / "split"), stop_at_step=8)
+    split = finetune(classify_run(pretrained, labelled_file, tmp_path / "split"), resume=True)
+    assert split.step == whole.step == 16 and split.best_val_loss == whole.best_val_loss
+    a = load_file(str(tmp_path / "whole" / "model.safetensors"))
+    b = load_file(str(tmp_path / "split" / "model.safetensors"))
+    assert a.keys() == b.keys() and "score.weight" in a
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=0, rtol=0)
+
+
+def test_trainer_save_and_resume_a_classifier_give_the_uninterrupted_weights(tmp_path: Path) -> None:
+    def trainer(out: Path) -> Trainer:
+        torch.manual_seed(0)
+        model = GPTForSequenceClassification(GPTConfig.from_name("gpt2-tiny", vocab_size=64, block_size=16), 2)
+        config = TrainConfig(data="-", tokenizer="bytes", block_size=16, batch_size=4, max_steps=6, warmup_steps=1,
+                             learning_rate=1e-2, out_dir=str(out), device="cpu", dtype="float32", seed=0)  # fmt: skip
+        ids = [[(i * 7 + j) % 63 + 1 for j in range(3 + i % 5)] for i in range(20)]
+        batches = ClassificationBatches(ids, [i % 2 for i in range(20)], 4, pad_token_id=0, seed=0)
+        return Trainer(model, configure_optimizer(model, config, torch.device("cpu")), config, batches,
+                       loss_fn=classification_loss)  # fmt: skip
+
+    whole = trainer(tmp_path / "whole")
+    for _ in range(6):
+        whole.train_step()
+    first = trainer(tmp_path / "split")
+    for _ in range(3):
+        first.train_step()
+    checkpoint = first.save()
+    assert checkpoint is not None
+    resumed = trainer(tmp_path / "split")
+    resumed.resume(checkpoint)
+    assert resumed.step == 3
+    for _ in range(3):
+        resumed.train_step()
+    for (name, a), b in zip(whole.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, atol=0, rtol=0, msg=name)
+
+
+# ------------------------------------------------------------------------------------- memory planning
+def test_a_run_beyond_the_memory_budget_is_refused_in_one_line_and_nothing_is_written(
+    pretrained: Path, text_file: Path, tmp_path: Path, capsys
+) -> None:
+    out = tmp_path / "out"
+    args = ["finetune", "--model", str(pretrained), "--data", str(text_file), "--out", str(out), "--no-progress",
+            "--set", "memory_budget=1MiB", "--set", "block_size=32", "--set", "device=cpu"]  # fmt: skip
+    assert main(args) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "memory budget is 0.00 GiB" in error and "activation_checkpointing=True" in error
+    assert not out.exists()
+
+
+def test_batch_size_auto_keeps_the_global_batch_with_gradient_accumulation(
+    pretrained: Path, text_file: Path, tmp_path: Path
+) -> None:
+    model_config = LLM.load(pretrained, device="cpu").model.config
+    fits_two = estimate_memory(model_config, 2, 32).total  # a budget where 2 rows fit and 4 do not
+    assert estimate_memory(model_config, 4, 32).total > fits_two
+    run = small_run(pretrained, text_file, tmp_path / "out", batch_size="auto", global_batch_size=8,
+                    memory_budget=str(fits_two), max_steps=2, eval_interval=0)  # fmt: skip
+    result = finetune(run)
+    assert (result.batch_size, result.grad_accum_steps) == (2, 4)
+    assert result.batch_size * result.grad_accum_steps == 8
+
+
+def test_activation_checkpointing_setting_reaches_the_model(pretrained: Path, text_file: Path, tmp_path: Path) -> None:
+    seen = []
+    original = Trainer.train_step
+
+    def spy(self: Trainer):  # noqa: ANN202
+        seen.append(self.model.activation_checkpointing)
+        return original(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Trainer, "train_step", spy)
+        finetune(small_run(pretrained, text_file, tmp_path / "out", activation_checkpointing=True, max_steps=2))
+    assert seen == [True, True]
+
+
+def test_memory_budget_sizes_parse_and_bad_ones_name_the_format() -> None:
+    assert parse_bytes("16GiB") == 16 * 2**30 and parse_bytes("512 MiB") == 512 * 2**20 and parse_bytes("1000") == 1000
+    with pytest.raises(ValueError, match="write it like 16GiB"):
+        FinetuneConfig.from_overrides(memory_budget="lots")

@@ -1,7 +1,10 @@
-"""`gpt2 finetune --model DIR_OR_NAME --data PATH --out DIR [--lora] [--set KEY=VALUE ...] [--resume]`.
+"""`gpt2 finetune --model DIR_OR_NAME --data PATH --out DIR [--task lm|classification] [--lora] [--set KEY=VALUE ...]
+[--resume]`.
 
 Fine-tunes a pretrained model with its own tokenizer on a text file or folder, JSONL (text, prompt/completion or
-chat records) or CSV (--set text_column=NAME); writes an HF-format model + tokenizer into --out.
+chat records) or CSV (--set text_column=NAME); writes an HF-format model + tokenizer into --out. With --task
+classification: JSONL/CSV text + label records (--set text_field=NAME label_field=NAME); writes a
+GPT2ForSequenceClassification directory that `gpt2 classify --model OUT TEXT` reads.
 """
 
 from __future__ import annotations
@@ -13,18 +16,24 @@ import sys
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "finetune",
-        help="fine-tune a pretrained model on your data (full or LoRA)",
+        help="fine-tune a pretrained model on your data (full or LoRA; language model or classifier)",
         description=(
             "Fine-tune a pretrained GPT-2 (HF directory or Hub name) with its tokenizer. Data: a text file or folder "
             "(documents separated by <|endoftext|>), .jsonl with a text field, prompt/completion pairs (loss on "
             "the completion) or chat `messages` (loss on assistant turns), or .csv (--set text_column=NAME). "
             "Defaults: LR 1e-4 (1e-3 with --lora), 10 warmup steps, 10% val split, the best checkpoint by val "
-            "loss is the output. Settings: see gpt2.finetune.FinetuneConfig (--set KEY=VALUE)."
+            "loss is the output. --task classification: .jsonl/.csv text + label records (--set text_field=... "
+            "--set label_field=...), a score head on the last token, val accuracy at each evaluation. The memory "
+            "estimate is printed first and a run that cannot fit memory_budget is refused (--set batch_size=auto "
+            "picks the micro-batch; --set activation_checkpointing=true). Settings: see "
+            "gpt2.finetune.FinetuneConfig (--set KEY=VALUE)."
         ),
     )
     parser.add_argument("--model", required=True, help="pretrained model: HF directory or Hub name (e.g. gpt2)")
     parser.add_argument("--data", required=True, help="text file or folder, .jsonl or .csv")
     parser.add_argument("--out", required=True, help="output directory (must be empty unless --resume)")
+    parser.add_argument("--task", choices=("lm", "classification"), default=None,
+                        help="lm (default): next-token fine-tuning; classification: text + label records")  # fmt: skip
     parser.add_argument("--lora", action="store_true", help="train LoRA adapters only (also saved in PEFT's format)")
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -45,14 +54,21 @@ def run(args: argparse.Namespace) -> int:
     values.update(model=args.model, data=args.data, out_dir=args.out)
     if args.lora:
         values["lora"] = True
+    if args.task is not None:
+        values["task"] = args.task
     config = FinetuneConfig.from_overrides(**values)
 
     def log(message: str) -> None:
         tqdm.write(message, file=sys.stderr)
 
     result = finetune(config, resume=args.resume, progress=not args.no_progress, log=log)
-    print(f"step {result.step}: best val loss {result.best_val_loss:.4f} at step {result.best_step} "
+    accuracy = f", val accuracy {result.best_val_accuracy:.3f}" if result.best_val_accuracy is not None else ""
+    print(f"step {result.step}: best val loss {result.best_val_loss:.4f}{accuracy} at step {result.best_step} "
           f"(first {result.first_val_loss:.4f})" + ("; stopped early" if result.stopped_early else ""))  # fmt: skip
+    if config.task == "classification":
+        print(f"saved: {result.out_dir} (classifier + tokenizer; `gpt2 classify --model {result.out_dir} TEXT`), "
+              "metrics.jsonl, loss.png")  # fmt: skip
+        return 0
     print(f"saved: {result.out_dir} (model + tokenizer + chat_template.json), metrics.jsonl, loss.png"
           + (", adapter/ (PEFT)" if config.lora else ""))  # fmt: skip
     if result.sample is not None:

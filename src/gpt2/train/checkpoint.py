@@ -4,6 +4,8 @@ OUT/checkpoints/step_00000100/ holds the model (HF format, `gpt2.weights.load_mo
 `train_state.pt` (optimizer, step, RNG states, data position: plain tensors and containers, read back with
 `torch.load(weights_only=True)`, so a crafted pickle is refused, never run) and `train_config.json`. Each is
 written into a hidden temporary folder and renamed into place, so a folder named step_* is always complete.
+A model that is more than a plain GPT (e.g. a GPTForSequenceClassification, whose `score` head GPT-2's LM layout
+has no place for) also gets `model_state.safetensors`, its whole state_dict, which resuming loads instead.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_model, save_model
 
 from gpt2.model import GPT
 from gpt2.runtime.files import atomic_copy_file
@@ -24,6 +27,7 @@ from gpt2.weights import config_from_hf, load_hf_state_dict, read_hf_state_dict,
 
 TRAIN_STATE_FILE = "train_state.pt"
 TRAIN_CONFIG_FILE = "train_config.json"
+MODEL_STATE_FILE = "model_state.safetensors"
 TRAIN_STATE_FORMAT = "gpt2-train-state"
 TRAIN_STATE_VERSION = 1
 CHECKPOINTS_DIR = "checkpoints"
@@ -64,6 +68,8 @@ def save_checkpoint(
         shutil.rmtree(tmp)
     try:
         save_pretrained(model, tmp)
+        if type(model) is not GPT:  # a subclass's extra weights: the full state_dict (tied tensors saved once)
+            save_model(model, str(tmp / MODEL_STATE_FILE))
         if tokenizer is not None:
             tokenizer.save(tmp)
         (tmp / TRAIN_CONFIG_FILE).write_text(json.dumps(config.to_dict(), indent=1) + "\n")
@@ -85,7 +91,7 @@ def save_checkpoint(
     # The latest model and tokenizer at the top level too, for `gpt2 sample --model OUT`: copied from the
     # checkpoint just written (the weights are serialized once per save), each file atomically.
     for file in sorted(final.iterdir()):
-        if file.name not in (TRAIN_STATE_FILE, TRAIN_CONFIG_FILE):
+        if file.name not in (TRAIN_STATE_FILE, TRAIN_CONFIG_FILE, MODEL_STATE_FILE):
             atomic_copy_file(file, out_dir / file.name)
     return final
 
@@ -119,7 +125,20 @@ def load_checkpoint_weights(model: GPT, checkpoint_dir: Path) -> None:
                 f"cannot resume from {checkpoint_dir}: it has {name}={getattr(saved, name)} but this run has "
                 f"{name}={getattr(ours, name)}; resume with the same model settings or use another out_dir"
             )
-    load_hf_state_dict(model, read_hf_state_dict(checkpoint_dir))
+    full_state = checkpoint_dir / MODEL_STATE_FILE
+    if type(model) is GPT:
+        load_hf_state_dict(model, read_hf_state_dict(checkpoint_dir))
+    elif full_state.is_file():
+        device = str(next(model.parameters()).device)
+        missing, unexpected = load_model(model, str(full_state), strict=False, device=device)
+        if missing or unexpected:
+            raise ValueError(
+                f"cannot resume from {checkpoint_dir}: its {MODEL_STATE_FILE} does not match this "
+                f"{type(model).__name__} (missing {missing[:8]}, unexpected {unexpected[:8]})"
+            )
+    else:
+        raise ValueError(f"cannot resume a {type(model).__name__} from {checkpoint_dir}: it has no {MODEL_STATE_FILE} "
+                         "(it was saved from a plain GPT); resume with the model that wrote it")  # fmt: skip
 
 
 def rng_state(device: torch.device) -> dict[str, Any]:
