@@ -40,7 +40,7 @@ from gpt2.finetune.classify import (
     ClassificationBatches,
     GPTForSequenceClassification,
     LabelSet,
-    accuracy,
+    accuracy_evaluation,
     classification_loss,
     encode_texts,
     read_examples,
@@ -387,6 +387,7 @@ def finetune(
         raise FileExistsError(f"{out} is not empty; pass --resume to continue the run there, or another --out")
     classifying = config.task == "classification"
     notes: list[str] = []
+    model: GPT
     if classifying:
         llm, model, data = prepare_classification(config)
         block_size = data.block_size
@@ -426,8 +427,8 @@ def finetune(
         val_batches=val_source, tokenizer=tokenizer, device=device, log=say,
     )  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
-    progress_state = {"best_val_loss": math.inf, "best_step": 0, "first_val_loss": math.nan, "bad_evals": 0,
-                      "best_val_accuracy": None}  # fmt: skip
+    progress_state: dict[str, Any] = {"best_val_loss": math.inf, "best_step": 0, "first_val_loss": math.nan,
+                                      "bad_evals": 0, "best_val_accuracy": None}  # fmt: skip
     if resume:
         model.load_state_dict(load_file(str(last / "trainable.safetensors"), device=str(device)), strict=False)
         trainer.load_state_dict(torch.load(last / "state.pt", weights_only=True, map_location=device))
@@ -449,8 +450,7 @@ def finetune(
         val_loss = trainer.evaluate()
         record: dict[str, Any] = {"step": trainer.step, "val_loss": val_loss}
         if classifying:
-            assert isinstance(model, GPTForSequenceClassification)
-            record["val_accuracy"] = accuracy(model, data.val_ids, data.val_labels, batch_size=B)
+            record |= val_accuracy(model, trainer.step)
         trainer.metrics.write(record)
         if math.isnan(progress_state["first_val_loss"]):
             progress_state["first_val_loss"] = val_loss
@@ -474,6 +474,8 @@ def finetune(
         shutil.rmtree(last, ignore_errors=True)
         os.replace(staging, last)
 
+    if classifying:
+        val_accuracy = accuracy_evaluation(data.val_ids, data.val_labels, batch_size=B)
     (out / CHECKPOINT_DIR).mkdir(exist_ok=True)
     model.train()  # LLM.load gives an inference-mode model: dropout must be on while training
     stopped_early = False
