@@ -1,6 +1,7 @@
 """Fine-tuning throughput and peak memory: ours (the Trainer step `gpt2 finetune` runs) vs transformers (a plain
 loop: forward with labels, backward, clip, the same fused AdamW, zero), full fine-tuning and LoRA (ours vs PEFT),
-GPT-2 124M shape, CPU, float32.
+GPT-2 124M shape, CPU, float32; plus ours as `gpt2 finetune` ships (dtype "auto": bf16 autocast on a CPU with
+native bf16, float32 elsewhere), against transformers as it ships (float32).
 
 Each case runs in its own process, so its peak resident memory (ru_maxrss) is its own; the figure reported is
 the peak minus the resident memory after the model is loaded and before the first step (what training adds:
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-CASES = ("ours-full", "transformers-full", "ours-lora", "peft-lora")
+CASES = ("ours-full", "transformers-full", "ours-lora", "peft-lora", "ours-full-as-shipped", "ours-lora-as-shipped")
 LORA_RANK, LORA_ALPHA = 8, 16.0
 
 
@@ -48,10 +49,11 @@ def run_case(case: str, model_dir: Path, steps: int, batch_size: int, block_size
         from gpt2.weights import load_model
 
         model = load_model(model_dir).train()
-        if case == "ours-lora":
+        if case.startswith("ours-lora"):
             add_lora(model, LoRAConfig(rank=LORA_RANK, alpha=LORA_ALPHA, dropout=0.0))
         config = TrainConfig(tokenizer="bytes", block_size=block_size, batch_size=batch_size, max_steps=steps + 1,
-                             warmup_steps=1, weight_decay=0.0, eval_interval=0, dtype="float32", device="cpu",
+                             warmup_steps=1, weight_decay=0.0, eval_interval=0, device="cpu",
+                             dtype="auto" if case.endswith("as-shipped") else "float32",
                              out_dir=tempfile.mkdtemp())  # fmt: skip
         trainer = Trainer(model, configure_optimizer(model, config, torch.device("cpu")), config,
                           RowBatches(Rows(x, y), batch_size))  # fmt: skip
