@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from gpt2.data import load_split, read_manifest
+from gpt2.data import TokenView, load_split, read_manifest
 from gpt2.eval.common import DEFAULT_BATCH_SIZE, evaluation_mode, model_device, progress_bar
 from gpt2.eval.files import read_text
 from gpt2.model import GPT, IGNORE_INDEX
@@ -27,7 +27,7 @@ from gpt2.tokenizer.protocol import TextTokenizer
 
 COUNT_CHUNK_TOKENS = 1 << 24  # tokens per step when counting bytes: bounded memory on big shards
 
-Tokens = Sequence[int] | np.ndarray | torch.Tensor
+Tokens = Sequence[int] | np.ndarray | torch.Tensor | TokenView
 
 
 @dataclass(frozen=True)
@@ -101,8 +101,11 @@ class PerplexityResult:
         return asdict(self)
 
 
-def _as_numpy_tokens(tokens: Tokens) -> np.ndarray:
-    """A 1-D integer array view of `tokens` (a memory-mapped shard stays mapped: windows are sliced lazily)."""
+def _as_numpy_tokens(tokens: Tokens) -> np.ndarray | TokenView:
+    """A 1-D integer array view of `tokens`. A TokenView over prepared shards is passed through as it is: windows
+    are read from it one batch at a time, so a split larger than memory is never loaded whole."""
+    if isinstance(tokens, TokenView):
+        return tokens
     if isinstance(tokens, torch.Tensor):
         tokens = tokens.detach().cpu().numpy()
     array = np.asarray(tokens)
@@ -191,13 +194,16 @@ def token_byte_lengths(tokenizer: TextTokenizer, vocab_size: int) -> np.ndarray:
     return lengths
 
 
-def count_bytes(tokenizer: TextTokenizer, tokens: Sequence[int] | np.ndarray, vocab_size: int | None = None) -> int:
+def count_bytes(tokenizer: TextTokenizer, tokens: Tokens, vocab_size: int | None = None) -> int:
     """UTF-8 bytes of the text `tokens` decode to, special tokens excluded (byte-level BPE is lossless, so
     for tokens = encode(text) this is len(text.encode("utf-8")))."""
     array = _as_numpy_tokens(tokens)
     if array.size == 0:
         return 0
-    vocab_size = int(array.max()) + 1 if vocab_size is None else vocab_size
+    if vocab_size is None:
+        if isinstance(array, TokenView):
+            raise ValueError("count_bytes over a TokenView needs vocab_size (the tokenizer's)")
+        vocab_size = int(array.max()) + 1
     lengths = token_byte_lengths(tokenizer, vocab_size)
     total = 0
     for first in range(0, len(array), COUNT_CHUNK_TOKENS):  # chunks: a memory-mapped shard is never copied whole
@@ -210,7 +216,7 @@ def count_bytes(tokenizer: TextTokenizer, tokens: Sequence[int] | np.ndarray, vo
 def _perplexity_with_bytes(
     model: GPT,
     tokenizer: TextTokenizer,
-    tokens: Sequence[int] | np.ndarray,
+    tokens: Sequence[int] | np.ndarray | TokenView,
     *,
     max_tokens: int | None,
     context_length: int | None,
@@ -223,7 +229,10 @@ def _perplexity_with_bytes(
         if max_tokens < 2:
             raise ValueError(f"max_tokens must be at least 2 (one to predict from, one to score), got {max_tokens}")
         tokens = tokens[:max_tokens]
-    num_bytes = count_bytes(tokenizer, tokens[1:], tokenizer.vocab_size)
+    # the bytes of every scored token (all but the first), counted chunk by chunk over a view
+    num_bytes = count_bytes(tokenizer, tokens, tokenizer.vocab_size) - count_bytes(
+        tokenizer, tokens[:1], tokenizer.vocab_size
+    )
     return perplexity(
         model,
         tokens,
