@@ -530,3 +530,37 @@ def test_a_missing_hellaswag_file_is_a_clear_error(tmp_path):
     config = tiny_config(tmp_path, hellaswag_file=str(tmp_path / "nope.jsonl"))
     with pytest.raises(FileNotFoundError, match="hellaswag_file .*nope.jsonl' does not exist"):
         train(config)
+
+
+def test_init_from_starts_from_pretrained_weights_and_their_tokenizer(tmp_path):
+    from gpt2.tokenizer import ByteTokenizer
+    from gpt2.weights import save_pretrained
+
+    torch.manual_seed(0)
+    pretrained = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=257, block_size=32))
+    save_pretrained(pretrained, tmp_path / "pretrained")
+    ByteTokenizer().save(tmp_path / "pretrained")
+    config = tiny_config(tmp_path, init_from=str(tmp_path / "pretrained"), tokenizer="bpe", model="gpt2-mini",
+                         n_layer=None, n_head=None, n_embd=None, block_size=16, dropout=0.1,
+                         max_steps=1, learning_rate=1e-12, warmup_steps=0, eval_interval=0)  # fmt: skip
+    result = train(config)
+    trained = load_model(Path(config.out_dir))
+    assert trained.config.block_size == 16 and trained.config.n_embd == 32
+    assert json.loads((Path(config.out_dir) / "config.json").read_text())["resid_pdrop"] == 0.1  # dropout set
+    assert isinstance(load_tokenizer(Path(config.out_dir)), ByteTokenizer)  # its tokenizer, not a new BPE
+    start = pretrained.state_dict()
+    for name, tensor in trained.state_dict().items():  # one step at lr 1e-12: the pretrained weights
+        expected = start[name][:16] if name == "transformer.wpe.weight" else start[name]
+        assert torch.allclose(tensor, expected, rtol=0, atol=1e-9), name
+    assert result.step == 1
+
+
+def test_init_from_refuses_a_block_size_beyond_the_model_context(tmp_path):
+    from gpt2.tokenizer import ByteTokenizer
+    from gpt2.weights import save_pretrained
+
+    save_pretrained(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=257, block_size=8)), tmp_path / "p")
+    ByteTokenizer().save(tmp_path / "p")
+    config = tiny_config(tmp_path, init_from=str(tmp_path / "p"), block_size=16)
+    with pytest.raises(ValueError, match=r"block_size=16 exceeds the context of init_from .* \(8 positions\)"):
+        train(config)

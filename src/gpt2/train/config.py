@@ -62,6 +62,11 @@ class TrainConfig:
     block_size: int | None = None
     """Context length used for training (also the model's number of positions)."""
     dropout: float | None = None
+    init_from: str | None = None
+    """Start from pretrained weights instead of random ones (nanoGPT's init_from): a model directory, a Hub name
+    such as 'gpt2', OpenAI's TF release or an llm.c .bin file. The run then uses that model's tokenizer and shape
+    (`tokenizer`, `model`, n_layer, n_head, n_embd are not used); block_size may shorten its context, and
+    dropout may be set."""
 
     # --- batch
     batch_size: int = 16

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from gpt2.api import LLM
+from gpt2.config import GPTConfig
 from gpt2.data import BatchLoader, TokenView, load_split
 from gpt2.data.cache import DataSpec, prepare_data
 from gpt2.eval import evaluate_hellaswag
@@ -67,8 +69,19 @@ def train(
         checkpoint = _previous_run(out_dir, resume, overwrite, dist)
 
         # data: rank 0 tokenizes (once per out_dir), the others wait and then read the same folder
+        pretrained = None
+        if config.init_from:  # its tokenizer tokenizes the data: never a newly trained BPE
+            pretrained = LLM.load(config.init_from, device="cpu")
+            config = config.replace(tokenizer=_tokenizer_source(config.init_from))
         tokenizer, data_dir = _prepare_data(config, out_dir / DATA_DIR, dist, progress)
-        model_config = config.model_config(tokenizer.vocab_size)
+        if pretrained is not None and tokenizer.identity != pretrained.tokenizer.identity:
+            raise ValueError(
+                f"the data in {data_dir} was tokenized with {tokenizer.identity}, not the tokenizer of init_from "
+                f"{config.init_from!r}; use another out_dir or data prepared with that tokenizer"
+            )
+        model_config = (
+            config.model_config(tokenizer.vocab_size) if pretrained is None else _shape_from(pretrained.model, config)
+        )
         B, T = config.batch_size, model_config.block_size
         train_tokens, val_tokens = _load_splits(config, data_dir, T)
         grad_accum = accumulation_steps(config, B * T, dist.world_size)
@@ -79,7 +92,10 @@ def train(
             )
 
         torch.manual_seed(config.seed)  # the same initial weights on every rank
-        model = GPT(model_config).to(device)
+        model = GPT(model_config)
+        if pretrained is not None:
+            model.load_state_dict(_cropped_state(pretrained.model, model_config))
+        model = model.to(device)
         model.activation_checkpointing = config.activation_checkpointing
         if dist.enabled and config.parallel == "fsdp":
             shard(model)
@@ -153,6 +169,32 @@ def _previous_run(out_dir: Path, resume: bool, overwrite: bool, dist: Distribute
             shutil.rmtree(out_dir / CHECKPOINTS_DIR)
         barrier(dist)
     return None
+
+
+def _tokenizer_source(init_from: str) -> str:
+    """Where the tokenizer of `init_from` is read from: the model directory (or Hub name), or an llm.c file's folder."""
+    path = Path(init_from).expanduser()
+    return str(path.parent) if path.is_file() else init_from
+
+
+def _shape_from(pretrained: GPT, config: TrainConfig) -> GPTConfig:
+    """The pretrained model's shape, with the run's block_size (at most its context) and dropout when set."""
+    context = pretrained.config.block_size
+    block_size = config.block_size or context
+    if block_size > context:
+        raise ValueError(
+            f"block_size={block_size} exceeds the context of init_from {config.init_from!r} ({context} positions); "
+            f"set block_size <= {context}"
+        )
+    dropout = pretrained.config.dropout if config.dropout is None else config.dropout
+    return pretrained.config.replace(block_size=block_size, dropout=dropout, attn_impl="sdpa")
+
+
+def _cropped_state(pretrained: GPT, config: GPTConfig) -> dict[str, torch.Tensor]:
+    """The pretrained weights for a model of `config`: the position table keeps its first block_size rows."""
+    state = pretrained.state_dict()
+    state["transformer.wpe.weight"] = state["transformer.wpe.weight"][: config.block_size]
+    return state
 
 
 def _prepare_data(
