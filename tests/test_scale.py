@@ -447,7 +447,10 @@ def write_hellaswag(path: Path) -> Path:
     return path
 
 
-def test_the_gpt2_124m_recipe_runs_end_to_end_on_cpu_with_two_processes(tmp_path, gpt2_bpe_dir):
+@pytest.mark.parametrize(("parallel", "activation_checkpointing"), [("ddp", "false"), ("fsdp", "true")])
+def test_the_gpt2_124m_recipe_runs_end_to_end_on_cpu_with_two_processes(
+    tmp_path, gpt2_bpe_dir, parallel, activation_checkpointing
+):
     """docs/reproduce-gpt2-124m.md at toy size: `gpt2 prepare --dataset ... --dataset-config sample-10BT` into
     many shards, then `torchrun --nproc_per_node 2 -m gpt2.cli train gpt2-124m` with HellaSwag in the loop,
     shrunk by --set overrides (the recipe's own keys otherwise). About 10 s: not marked slow."""
@@ -468,6 +471,7 @@ def test_the_gpt2_124m_recipe_runs_end_to_end_on_cpu_with_two_processes(tmp_path
         "max_steps": 4, "warmup_steps": 1, "eval_interval": 2, "eval_batches": 2, "checkpoint_interval": 2,
         "hellaswag_file": str(write_hellaswag(tmp_path / "hellaswag.jsonl")), "hellaswag_limit": 2,
         "sample_tokens": 0, "compile": "false", "device": "cpu", "dtype": "float32",
+        "parallel": parallel, "activation_checkpointing": activation_checkpointing,  # FSDP as gpt2-xl runs it
     }  # fmt: skip
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
