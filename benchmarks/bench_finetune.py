@@ -3,7 +3,7 @@ loop: forward with labels, backward, clip, the same fused AdamW, zero), full fin
 GPT-2 124M shape, CPU, float32; plus ours as `gpt2 finetune` ships (dtype "auto": bf16 autocast on a CPU with
 native bf16, float32 elsewhere), against transformers as it ships (float32).
 
-Each case runs in its own process, so its peak resident memory (ru_maxrss) is its own; the figure reported is
+Each case runs in its own process, so its peak resident memory (VmHWM) is its own; the figure reported is
 the peak minus the resident memory after the model is loaded and before the first step (what training adds:
 gradients, optimizer state, activations). Random weights of the 124M shape (made by transformers, loaded by
 both), so no download is needed.
@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from common import peak_rss_mb
+
 CASES = ("ours-full", "transformers-full", "ours-lora", "peft-lora", "ours-full-as-shipped", "ours-lora-as-shipped")
 LORA_RANK, LORA_ALPHA = 8, 16.0
 
@@ -31,10 +33,6 @@ LORA_RANK, LORA_ALPHA = 8, 16.0
 def rss_mib() -> float:
     with open("/proc/self/statm") as file:
         return int(file.read().split()[1]) * resource.getpagesize() / 2**20
-
-
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
 
 
 def run_case(case: str, model_dir: Path, steps: int, batch_size: int, block_size: int) -> dict[str, float]:
@@ -84,8 +82,8 @@ def run_case(case: str, model_dir: Path, steps: int, batch_size: int, block_size
     for _ in range(steps):
         step()
     seconds = time.perf_counter() - started
-    return {"tokens_per_s": steps * batch_size * block_size / seconds, "added_peak_mib": peak_rss_mib() - before,
-            "peak_rss_mib": peak_rss_mib()}  # fmt: skip
+    return {"tokens_per_s": steps * batch_size * block_size / seconds, "added_peak_mib": peak_rss_mb() - before,
+            "peak_rss_mib": peak_rss_mb()}  # fmt: skip
 
 
 def main() -> None:

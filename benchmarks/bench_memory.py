@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -27,22 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
+from common import peak_rss_mb
 from gpt2.data import save_token_shards
 from gpt2.tokenizer import ByteTokenizer
 
 VAL_TOKENS = 200_000
 MODES = ("views", "mapped, pages kept", "concatenated")
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident memory: VmHWM of its own memory map (Linux). Not ru_maxrss, which also counts
-    the parent's memory the child ran in between fork and exec."""
-    status = Path("/proc/self/status")
-    if status.is_file():
-        for line in status.read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # elsewhere: the best there is
 
 
 def synthesize(folder: Path, tokens: int, shard_tokens: int, seed: int) -> None:

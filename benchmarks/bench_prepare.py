@@ -12,29 +12,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from common import peak_rss_mb
 from gpt2.tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 SHAKESPEARE = REPO.parent / "shared" / "data" / "corpora" / "tinyshakespeare.txt"
 GPT2_BPE = REPO.parent / "shared" / "data" / "gpt2-bpe"
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident memory: VmHWM of its own memory map (Linux). Not ru_maxrss, which also counts
-    the parent's memory the child ran in between fork and exec."""
-    status = Path("/proc/self/status")
-    if status.is_file():
-        for line in status.read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # elsewhere: the best there is
 
 
 def run_one(mode: str, corpus: Path, out: Path, chunk_chars: int) -> dict:

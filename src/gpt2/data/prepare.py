@@ -36,13 +36,7 @@ from gpt2.data.progress import (
     report_from_dict,
     write_progress,
 )
-from gpt2.data.shards import (
-    DOCUMENT_SEPARATOR,
-    MANIFEST_FORMAT,
-    MANIFEST_NAME,
-    MANIFEST_VERSION,
-    token_dtype,
-)
+from gpt2.data.shards import DOCUMENT_SEPARATOR, MANIFEST_NAME, manifest_header, token_dtype
 from gpt2.data.sources import Piece, Report, Source, document_pieces, expand_sources
 from gpt2.tokenizer.protocol import TextTokenizer
 from gpt2.weights.hub import iter_hf_dataset
@@ -509,15 +503,7 @@ def _manifest(
     """The manifest: everything needed to read the shards and to know how they were made. No timestamps or
     absolute paths, so the same inputs give the same bytes."""
     return {
-        "format": MANIFEST_FORMAT,
-        "version": MANIFEST_VERSION,
-        "tokenizer": {
-            "identity": tokenizer.identity,
-            "vocab_size": tokenizer.vocab_size,
-            "eot_token": tokenizer.eot_token,
-        },
-        "dtype": "uint16" if dtype.itemsize == 2 else "uint32",
-        "byteorder": "little",
+        **manifest_header(tokenizer, dtype),
         "document_separator": DOCUMENT_SEPARATOR,
         "val_fraction": val_fraction,
         "splits": {"train": train_tokens, "val": val_tokens},

@@ -150,7 +150,14 @@ def save_token_shards(
             array.astype(dtype).tofile(path)
             shards.append({"file": path.name, "split": split, "tokens": len(array), "sha256": file_sha256(path)})
             counts[split] += len(array)
-    manifest = {
+    manifest = {**manifest_header(tokenizer, dtype), "splits": counts, "shards": shards}
+    atomic_write_text(out_dir / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def manifest_header(tokenizer: TextTokenizer, dtype: np.dtype) -> dict[str, Any]:
+    """The manifest fields that say how to read the shards: format, version, tokenizer identity, dtype."""
+    return {
         "format": MANIFEST_FORMAT,
         "version": MANIFEST_VERSION,
         "tokenizer": {
@@ -160,11 +167,7 @@ def save_token_shards(
         },
         "dtype": "uint16" if dtype.itemsize == 2 else "uint32",
         "byteorder": "little",
-        "splits": counts,
-        "shards": shards,
     }
-    atomic_write_text(out_dir / MANIFEST_NAME, json.dumps(manifest, indent=2) + "\n")
-    return manifest
 
 
 def file_sha256(path: Path) -> str:

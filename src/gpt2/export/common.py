@@ -1,43 +1,13 @@
-"""What every exporter shares: writing through a temporary file, the tensors as float32 arrays, and the check
+"""What every exporter shares: the tensors as float32 arrays, and the check
 that the tokenizer belongs to the model."""
 
 from __future__ import annotations
-
-import os
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from gpt2.model import GPT
 from gpt2.tokenizer.protocol import TextTokenizer
-
-
-@contextmanager
-def atomic_output(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """A temporary path beside `path` to write to; renamed onto `path` only when the block finishes, so a crash or
-    an error never leaves half a file under the real name (writers such as gguf's stream to a path, so
-    `gpt2.runtime.files.atomic_write_bytes`, which takes the whole file in memory, does not fit them)."""
-    path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"--out {path} is a directory; give the file to write, e.g. {path / 'model.bin'}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(handle)
-    try:
-        yield Path(temporary)
-        with open(temporary, "rb+") as file:
-            os.fsync(file.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)  # what open(path, "w") would give, not mkstemp's private 0o600
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def unwrap(model: GPT) -> GPT:

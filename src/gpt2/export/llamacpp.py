@@ -30,8 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from gpt2.export.common import atomic_output, check_tokenizer_fits, float32_tensors, unwrap
+from gpt2.export.common import check_tokenizer_fits, float32_tensors, unwrap
 from gpt2.model import GPT
+from gpt2.runtime.files import atomic_output
 from gpt2.tokenizer import Tokenizer
 from gpt2.tokenizer.protocol import TextTokenizer
 

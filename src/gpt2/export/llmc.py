@@ -27,8 +27,9 @@ from typing import BinaryIO
 import numpy as np
 import torch
 
-from gpt2.export.common import atomic_output, check_tokenizer_fits, float32_tensors, unwrap
+from gpt2.export.common import check_tokenizer_fits, float32_tensors, unwrap
 from gpt2.model import GPT
+from gpt2.runtime.files import atomic_output
 from gpt2.tokenizer.protocol import TextTokenizer
 
 MODEL_MAGIC = 20240326

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from gpt2.config import GPTConfig
 from gpt2.model import GPT, INIT_STD
-from gpt2.runtime.files import atomic_write_bytes
+from gpt2.runtime.files import atomic_write_bytes, iter_jsonl_objects
 from gpt2.tokenizer import TextTokenizer, load_tokenizer
 from gpt2.weights.empty import empty_model
 from gpt2.weights.hf import config_from_hf, config_to_hf, hf_state_dict, load_hf_state_dict, read_hf_state_dict
@@ -167,7 +167,7 @@ def read_examples(
         raise FileNotFoundError(f"no data file {path}")
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json"):
-        rows = _jsonl_rows(path)
+        rows = list(iter_jsonl_objects(path))
     elif suffix in (".csv", ".tsv"):
         rows = _csv_rows(path, "\t" if suffix == ".tsv" else ",", (text_field, label_field))
     else:
@@ -192,22 +192,6 @@ def read_examples(
     if not examples:
         raise ValueError(f"{path} holds no examples")
     return examples
-
-
-def _jsonl_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{number}: not valid JSON ({err.msg})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
-            rows.append((f"{path}:{number}", row))
-    return rows
 
 
 def _csv_rows(path: Path, delimiter: str, columns: tuple[str, ...]) -> list[tuple[str, dict[str, Any]]]:

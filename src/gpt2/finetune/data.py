@@ -17,7 +17,6 @@ is not a target (prompt, user turns, padding).
 from __future__ import annotations
 
 import csv
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ import torch
 
 from gpt2.finetune.chat import encode_chat
 from gpt2.model import IGNORE_INDEX
+from gpt2.runtime.files import iter_jsonl_objects
 from gpt2.tokenizer.protocol import TextTokenizer
 
 END_OF_TEXT = "<|endoftext|>"
@@ -87,18 +87,8 @@ def _text_examples(text: str, tokenizer: TextTokenizer) -> list[Example]:
 
 def _jsonl_examples(path: Path, tokenizer: TextTokenizer, text_field: str) -> list[Example]:
     examples = []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{where}: not valid JSON ({err.msg})") from err
-            if not isinstance(record, dict):
-                raise ValueError(f"{where}: a record must be a JSON object")
-            examples.append(_record_example(record, tokenizer, text_field, where))
+    for where, record in iter_jsonl_objects(path):
+        examples.append(_record_example(record, tokenizer, text_field, where))
     if not examples:
         raise ValueError(f"{path} holds no records")
     return examples
