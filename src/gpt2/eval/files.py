@@ -6,13 +6,13 @@ The download itself is `gpt2.weights.hub.download_file`, the package's one netwo
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpt2.runtime.files import iter_jsonl_objects
 from gpt2.weights.hub import download_file
 
 CACHE_ENV = "GPT2_CACHE"  # where fetched evaluation files go (default ~/.cache/gpt2)
@@ -82,25 +82,17 @@ def read_jsonl(source: JsonlSource, limit: int | None) -> Iterator[tuple[str, An
         path = Path(source)
         if not path.is_file():
             raise FileNotFoundError(f"{str(path)!r} does not exist or is not a file; pass the JSONL file's path")
-        with path.open("r", encoding="utf-8") as handle:
-            for line_number, line in enumerate(handle, start=1):
-                if limit is not None and count >= limit:
-                    return
-                if not line.strip():
-                    continue
-                where = f"{path}:{line_number}"
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{where}: not valid JSON ({err.msg}); each line must be one JSON object") from err
-                count += 1
-                yield where, record
+        for where, record in iter_jsonl_objects(path):
+            if limit is not None and count >= limit:
+                return
+            count += 1
+            yield where, record
         return
-    for number, record in enumerate(source):
+    for number, item in enumerate(source):
         if limit is not None and count >= limit:
             return
         count += 1
-        yield f"example {number}", record
+        yield f"example {number}", item
 
 
 def describe_source(source: JsonlSource) -> str:
