@@ -164,13 +164,18 @@ class _Submission:
 
     async def collect(self, request: Request, choices: list[Choice]) -> None:
         """Gather every output into `choices`, cancelling the sequences if the client goes away meanwhile."""
-        watcher = asyncio.create_task(self._cancel_on_disconnect(request))
+        watcher = self.watch(request)
         try:
             async for output in self.outputs():
                 choices[output.index].add(output)
         finally:
             watcher.cancel()
             self.cancel()  # nothing left to cancel on success; frees the rows on an error or cancellation
+
+    def watch(self, request: Request) -> asyncio.Task[None]:
+        """Cancel the sequences as soon as the client disconnects (the caller cancels the returned task when done).
+        Streams need it too: a send to a closed socket fails only with the next token, which may never come."""
+        return asyncio.create_task(self._cancel_on_disconnect(request))
 
     async def _cancel_on_disconnect(self, request: Request) -> None:
         while True:
@@ -316,7 +321,9 @@ class _Service:
         response_id, created = new_id("cmpl"), now()
         if parsed.stream:
             chunks = self._completion_chunks(parsed, submission, choices, prompt_tokens, response_id, created)
-            return StreamingResponse(_sse(chunks, submission), media_type="text/event-stream", headers=SSE_HEADERS)
+            return StreamingResponse(
+                _sse(chunks, submission, request), media_type="text/event-stream", headers=SSE_HEADERS
+            )
         await submission.collect(request, choices)
         _raise_engine_error(choices)
         return JSONResponse(
@@ -403,7 +410,9 @@ class _Service:
         response_id, created = new_id("chatcmpl"), now()
         if parsed.stream:
             chunks = self._chat_chunks(parsed, submission, choices, len(prompt), response_id, created)
-            return StreamingResponse(_sse(chunks, submission), media_type="text/event-stream", headers=SSE_HEADERS)
+            return StreamingResponse(
+                _sse(chunks, submission, request), media_type="text/event-stream", headers=SSE_HEADERS
+            )
         await submission.collect(request, choices)
         _raise_engine_error(choices)
         body_choices = []
@@ -489,12 +498,14 @@ def _stream_error(message: str) -> dict[str, Any]:
     return APIError(503, message, type="server_error").body()
 
 
-async def _sse(chunks: AsyncIterator[dict[str, Any]], submission: _Submission) -> AsyncIterator[str]:
+async def _sse(chunks: AsyncIterator[dict[str, Any]], submission: _Submission, request: Request) -> AsyncIterator[str]:
     """Server-sent events: each chunk as `data: <json>`, then `data: [DONE]`. The sequences are cancelled when
-    the stream ends early (the client went away: Starlette closes this generator)."""
+    the client disconnects, or the stream ends early for any other reason (Starlette closes this generator)."""
+    watcher = submission.watch(request)
     try:
         async for chunk in chunks:
             yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
         yield DONE
     finally:
+        watcher.cancel()
         submission.cancel()
