@@ -15,8 +15,7 @@ from safetensors.torch import load_file
 from gpt2.api import LLM
 from gpt2.cli import main
 from gpt2.config import GPTConfig
-from gpt2.finetune import FinetuneConfig, finetune, load_examples, make_rows, render_chat
-from gpt2.finetune.chat import CHAT_TEMPLATE_FILE, encode_chat, header
+from gpt2.finetune import FinetuneConfig, finetune, load_examples, make_rows
 from gpt2.finetune.classify import (
     ClassificationBatches,
     GPTForSequenceClassification,
@@ -30,6 +29,7 @@ from gpt2.finetune.memory import estimate_memory
 from gpt2.finetune.run import parse_bytes
 from gpt2.model import IGNORE_INDEX
 from gpt2.tokenizer import ByteTokenizer
+from gpt2.tokenizer.chat import CHAT_TEMPLATE, CHAT_TEMPLATE_FILE, encode_chat, header, render_chat
 from gpt2.train.config import TrainConfig
 from gpt2.train.optimizer import configure_optimizer
 from gpt2.train.trainer import Trainer
@@ -94,7 +94,6 @@ def test_chat_text_matches_the_jinja_template_rendering() -> None:
         "<|system|>\nS<|endoftext|><|user|>\nHi<|endoftext|><|assistant|>\n"
     )
     jinja2 = pytest.importorskip("jinja2")
-    from gpt2.finetune.chat import CHAT_TEMPLATE
 
     rendered = jinja2.Template(CHAT_TEMPLATE).render(messages=messages, add_generation_prompt=True)
     assert rendered == render_chat(messages, add_generation_prompt=True)

@@ -36,16 +36,14 @@ from gpt2.config import GPTConfig
 from gpt2.inference import SamplingParams, generate
 from gpt2.model import GPT
 from gpt2.serve import (
-    CHAT_STOP,
-    ChatMessage,
     DecodeBatch,
     Engine,
     SequenceOutput,
     SequenceRequest,
     ServerConfig,
-    render_chat,
 )
 from gpt2.tokenizer import ByteTokenizer, load_tokenizer
+from gpt2.tokenizer.chat import encode_chat
 from gpt2.weights import save_pretrained
 
 httpx = pytest.importorskip("httpx")
@@ -500,15 +498,26 @@ def test_logit_bias_forces_a_token(client: Any) -> None:
 
 
 # ------------------------------------------------------------------------------------ chat
-def test_chat_reply_is_the_completion_of_the_chat_template(client: Any, reference: LLM) -> None:
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"}]
+def test_chat_reply_is_the_completion_of_gpt2s_chat_template(client: Any, reference: LLM) -> None:
+    messages = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hello!"}]
     response = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=30, seed=1)
-    prompt = render_chat([ChatMessage(**message) for message in messages])
-    assert prompt == "System: Be brief.\nUser: Hello!\nAssistant:"
-    expected = reference.generate(prompt, SamplingParams(max_tokens=30, seed=1, stop=[CHAT_STOP]))[0]
+    as_trained = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"}]
+    prompt, _ = encode_chat(as_trained, reference.tokenizer, add_generation_prompt=True)  # what fine-tuning trains
+    assert (
+        reference.tokenizer.decode(prompt)
+        == "<|system|>\nBe brief.<|endoftext|><|user|>\nHello!<|endoftext|><|assistant|>\n"
+    )
     assert response.choices[0].message.role == "assistant"
-    assert response.choices[0].message.content == expected.lstrip()
+    assert response.choices[0].message.content == reference.generate(prompt, SamplingParams(max_tokens=30, seed=1))[0]
     assert response.object == "chat.completion" and response.usage.prompt_tokens == len(prompt)
+
+
+def test_an_endoftext_text_in_a_message_stays_text(client: Any, reference: LLM) -> None:
+    messages = [{"role": "user", "content": "a<|endoftext|>b"}]
+    response = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1)
+    prompt, _ = encode_chat(messages, reference.tokenizer, add_generation_prompt=True)
+    assert prompt.count(reference.tokenizer.eot_token) == 1  # only the template's own end of the turn
+    assert response.usage.prompt_tokens == len(prompt)
 
 
 def test_chat_stops_at_the_requests_own_stops_too(client: Any) -> None:

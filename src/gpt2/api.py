@@ -10,7 +10,7 @@ pattern):
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,11 +58,13 @@ class LLM:
             prepare_for_inference(loaded, precision)
         return cls(loaded, _tokenizer_for(model, tokenizer), resolved)
 
-    def stream(self, prompt: str, params: SamplingParams | None = None, **engine_options: object) -> Iterator[str]:
-        """The continuation of `prompt` as text pieces, while it is generated (see `stream_text`)."""
+    def stream(
+        self, prompt: str | Sequence[int], params: SamplingParams | None = None, **engine_options: object
+    ) -> Iterator[str]:
+        """The continuation of `prompt` (text or token ids) as text pieces, while it is generated (`stream_text`)."""
         return stream_text(self.model, self.tokenizer, prompt, params or SamplingParams(), **engine_options)
 
-    def generate(self, prompt: str, params: SamplingParams | None = None) -> list[str]:
+    def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> list[str]:
         """`params.n` continuations of `prompt` (the i-th with seed + i when seeded)."""
         params = params or SamplingParams()
         return ["".join(self.stream(prompt, params.for_sample(i))) for i in range(params.n)]

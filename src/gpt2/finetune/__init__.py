@@ -1,7 +1,7 @@
-"""Fine-tuning a pretrained GPT-2: data formats with loss masks, a chat template, LoRA adapters (PEFT's format),
-and the run that ties them to the Trainer."""
+"""Fine-tuning a pretrained GPT-2: data formats with loss masks, chat sessions in the chat template
+(`gpt2.tokenizer.chat`), LoRA adapters (PEFT's format), and the run that ties them to the Trainer."""
 
-from gpt2.finetune.chat import CHAT_TEMPLATE, ChatSession, encode_chat, render_chat, save_chat_template
+from gpt2.finetune.chat import ChatSession
 from gpt2.finetune.data import Example, RowBatches, Rows, load_examples, make_rows, split_rows
 from gpt2.finetune.lora import (
     LoRAConfig,
@@ -17,8 +17,7 @@ from gpt2.finetune.lora import (
 from gpt2.finetune.run import FinetuneConfig, FinetuneResult, finetune
 
 __all__ = [
-    "CHAT_TEMPLATE", "ChatSession", "Example", "FinetuneConfig", "FinetuneResult", "LoRAConfig", "LoRALinear",
-    "RowBatches", "Rows", "add_lora", "apply_adapter", "encode_chat", "finetune", "load_adapter", "load_examples",
-    "lora_state_dict", "make_rows", "merge_lora", "read_adapter_config", "render_chat", "save_adapter",
-    "save_chat_template", "split_rows",
+    "ChatSession", "Example", "FinetuneConfig", "FinetuneResult", "LoRAConfig", "LoRALinear", "RowBatches", "Rows",
+    "add_lora", "apply_adapter", "finetune", "load_adapter", "load_examples", "lora_state_dict", "make_rows",
+    "merge_lora", "read_adapter_config", "save_adapter", "split_rows",
 ]  # fmt: skip

@@ -1,99 +1,20 @@
-"""GPT-2's chat template: turns delimited by <|endoftext|>, each opened by a role header on its own line.
-
-GPT-2 has no chat format of its own, and its vocabulary only one special token, so the template uses that one to
-end every turn (generation then stops at the end of the assistant's turn, as it stops at the end of a document)
-and writes roles as plain-text headers:
-
-    <|system|>
-    You are terse.<|endoftext|><|user|>
-    Hi<|endoftext|><|assistant|>
-    Hello.<|endoftext|>
-
-A prompt for the next reply ends with the assistant header "<|assistant|>\\n". Headers are ordinary text (they
-encode to several BPE tokens); only <|endoftext|> is the special id. In training the loss counts the assistant's
-content and its closing <|endoftext|>, never headers or other roles' turns. The same template, as Jinja for
-transformers' `apply_chat_template`, is `CHAT_TEMPLATE`; `save_chat_template` stores it with the model as
-chat_template.json.
-"""
+"""Talking with a model in GPT-2's chat template (`gpt2.tokenizer.chat`): the conversation so far is the prompt,
+the reply streams until the model closes its turn with <|endoftext|>."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterator
 
-import torch
-
-from gpt2.inference import SamplingParams, stream
+from gpt2.inference import SamplingParams, stream_text
 from gpt2.model import GPT
+from gpt2.tokenizer.chat import encode_chat
 from gpt2.tokenizer.protocol import TextTokenizer
-
-ROLES = ("system", "user", "assistant")
-TRAINED_ROLE = "assistant"
-CHAT_TEMPLATE_FILE = "chat_template.json"
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|' + message['role'] + '|>\\n' + message['content'] + '<|endoftext|>' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
-)
-
-
-def header(role: str) -> str:
-    """The text that opens a turn of `role`."""
-    return f"<|{role}|>\n"
-
-
-def render_chat(messages: Sequence[dict[str, str]], add_generation_prompt: bool = False) -> str:
-    """The conversation as text in the template (what CHAT_TEMPLATE renders).
-
-    >>> render_chat([{"role": "user", "content": "Hi"}], add_generation_prompt=True)
-    '<|user|>\\nHi<|endoftext|><|assistant|>\\n'
-    """
-    text = "".join(header(m["role"]) + m["content"] + "<|endoftext|>" for m in messages)
-    return text + header(TRAINED_ROLE) if add_generation_prompt else text
-
-
-def encode_chat(
-    messages: Any, tokenizer: TextTokenizer, *, add_generation_prompt: bool = False, where: str = "messages"
-) -> tuple[list[int], list[bool]]:
-    """Token ids of a conversation in the template, and per id whether it is trained (assistant content and
-    its closing end-of-text). Headers and contents are encoded separately, so the split is exact. `where` names
-    the record in errors (file:line)."""
-    if not isinstance(messages, list) or not messages:
-        raise ValueError(f"{where}: 'messages' must be a non-empty list of {{'role': ..., 'content': ...}}")
-    ids: list[int] = []
-    trained: list[bool] = []
-    for turn, message in enumerate(messages):
-        role = message.get("role") if isinstance(message, dict) else None
-        content = message.get("content") if isinstance(message, dict) else None
-        if role not in ROLES:
-            raise ValueError(f"{where}: message {turn} has role {role!r}; every message needs a role in {ROLES}")
-        if not isinstance(content, str):
-            raise ValueError(f"{where}: message {turn} ({role}) has no 'content' string")
-        head = tokenizer.encode(header(role))
-        body = [*tokenizer.encode(content), tokenizer.eot_token]
-        ids += head + body
-        trained += [False] * len(head) + [role == TRAINED_ROLE] * len(body)
-    if add_generation_prompt:
-        head = tokenizer.encode(header(TRAINED_ROLE))
-        ids += head
-        trained += [False] * len(head)
-    return ids, trained
-
-
-def save_chat_template(directory: str | Path) -> Path:
-    """Write chat_template.json (transformers reads it beside the tokenizer files) into `directory`."""
-    path = Path(directory) / CHAT_TEMPLATE_FILE
-    path.write_text(json.dumps({"chat_template": CHAT_TEMPLATE}, indent=2) + "\n", encoding="utf-8")
-    return path
 
 
 class ChatSession:
-    """A conversation with a model in this template: `reply(text)` streams the assistant's answer as text pieces
-    and remembers both turns. When the conversation outgrows the context, the oldest turns are left out of the
-    prompt (a system message is kept)."""
+    """A conversation with a model in the chat template: `reply(text)` streams the assistant's answer as text
+    pieces and remembers both turns. When the conversation outgrows the context, the oldest turns are left out of
+    the prompt (a system message is kept)."""
 
     def __init__(self, model: GPT, tokenizer: TextTokenizer, params: SamplingParams, system: str | None = None) -> None:
         self.model = model
@@ -114,25 +35,9 @@ class ChatSession:
     def reply(self, text: str) -> Iterator[str]:
         """Add the user's `text` and yield the reply in pieces while it is generated."""
         self.messages.append({"role": "user", "content": text})
-        ids = self._prompt_ids()
-        device = self.model.transformer.wte.weight.device
-        params = self.params
-        decoder = self.tokenizer.stream_decoder()
-        answer = ""
         self.model.eval()
-        tokens = stream(self.model, torch.tensor([ids], device=device), params.max_tokens,
-                        temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=params.seed,
-                        stop_token_ids=[self.tokenizer.eot_token], vocab_limit=len(self.tokenizer))  # fmt: skip
-        for token in tokens:
-            token_id = int(token[0])
-            if token_id == self.tokenizer.eot_token:
-                break
-            piece = decoder.push(token_id)
+        answer = ""
+        for piece in stream_text(self.model, self.tokenizer, self._prompt_ids(), self.params):
             answer += piece
-            if piece:
-                yield piece
-        tail = decoder.flush()
-        if tail:
-            answer += tail
-            yield tail
+            yield piece
         self.messages.append({"role": "assistant", "content": answer})

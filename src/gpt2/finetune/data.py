@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from gpt2.finetune.chat import encode_chat
 from gpt2.model import IGNORE_INDEX
 from gpt2.runtime.files import iter_jsonl_objects
+from gpt2.tokenizer.chat import encode_chat
 from gpt2.tokenizer.protocol import TextTokenizer
 
 END_OF_TEXT = "<|endoftext|>"

@@ -35,7 +35,6 @@ import torch.nn as nn
 from safetensors.torch import load_file, save_file
 
 from gpt2.api import LLM
-from gpt2.finetune.chat import save_chat_template
 from gpt2.finetune.classify import (
     ClassificationBatches,
     GPTForSequenceClassification,
@@ -52,6 +51,7 @@ from gpt2.finetune.lora import LoRAConfig, add_lora, lora_state_dict, merge_lora
 from gpt2.finetune.memory import GIB, MemoryEstimate, auto_batch_size, check_fits, estimate_memory
 from gpt2.model import GPT, CausalSelfAttention
 from gpt2.runtime.device import resolve_device, resolve_dtype
+from gpt2.tokenizer.chat import save_chat_template
 from gpt2.train.config import TrainConfig
 from gpt2.train.metrics import METRICS_FILE, PLOT_FILE
 from gpt2.train.optimizer import configure_optimizer

@@ -271,11 +271,12 @@ def _check_token_ids(name: str, ids: Iterable[int] | None, vocab_size: int) -> l
 def stream_text(
     model: GPT,
     tokenizer: TextTokenizer,
-    prompt: str,
+    prompt: str | Sequence[int],
     params: SamplingParams,
     **engine_options: Any,
 ) -> Iterator[str]:
-    """Yield the continuation of `prompt` as text pieces while it is generated, as `params` says.
+    """Yield the continuation of `prompt` (a text, or token ids such as a chat template's) as text pieces while
+    it is generated, as `params` says.
 
     Pieces go through the tokenizer's streaming decoder, which holds back the bytes of a character split over
     several tokens, so no piece ends in half a character. The continuation ends at end-of-text, at one of
@@ -288,7 +289,7 @@ def stream_text(
     >>> for piece in stream_text(model, tok, "Once upon a time", params):   # doctest: +SKIP
     ...     print(piece, end="", flush=True)
     """
-    ids = tokenizer.encode(prompt)
+    ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
     if not ids:
         raise ValueError("the prompt encodes to no tokens; pass some text (or use the end-of-text token as a start)")
     stop_ids = [token for token in (tokenizer.eot_token, *params.stop_token_ids) if token < model.config.vocab_size]

@@ -4,8 +4,8 @@ Where each thing lives:
 
 - `batch`: the running batch over one shared KV cache: sequences join and leave at step boundaries;
 - `engine`: the thread that owns the model and decodes every running sequence in one batched step;
-- `text`: tokens to text for one sequence, stop texts cut off (as the offline `stream_text`);
-- `protocol`: OpenAI's request bodies (checked) and response shapes; `chat`: the chat template;
+- `protocol`: OpenAI's request bodies (checked) and response shapes; `chat`: chat messages read into the roles
+  of GPT-2's chat template (`gpt2.tokenizer.chat`);
 - `app`: the FastAPI routes; `server`: uvicorn around them; `config`: the settings and limits;
 - `playground`: the web page at `/`.
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpt2.serve.batch import DecodeBatch
-from gpt2.serve.chat import CHAT_STOP, ChatMessage, render_chat
+from gpt2.serve.chat import ChatMessage
 from gpt2.serve.config import ServerConfig
 from gpt2.serve.engine import Engine, Penalties, SequenceOutput, SequenceRequest, TokenLogprob
 
@@ -36,7 +36,6 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "CHAT_STOP",
     "ChatMessage",
     "DecodeBatch",
     "Engine",
@@ -46,7 +45,6 @@ __all__ = [
     "ServerConfig",
     "TokenLogprob",
     "create_app",
-    "render_chat",
     "serve",
     "uvicorn_server",
 ]

@@ -17,7 +17,6 @@ of the connection; the engine frees their rows at the next step.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hmac
 import json
 import logging
@@ -32,7 +31,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gpt2.api import LLM
-from gpt2.serve.chat import CHAT_STOP, render_chat
+from gpt2.serve.chat import ChatMessage
 from gpt2.serve.config import ServerConfig
 from gpt2.serve.engine import Engine, EngineStopped, QueueFull, SequenceOutput, SequenceRequest
 from gpt2.serve.playground import PLAYGROUND_HTML
@@ -52,6 +51,7 @@ from gpt2.serve.protocol import (
     reject_constant,
     usage,
 )
+from gpt2.tokenizer.chat import encode_chat
 
 logger = logging.getLogger(__name__)
 
@@ -288,6 +288,16 @@ class _Service:
             raise bad_request(str(err), param) from err
         return ids
 
+    def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
+        """The chat prompt's token ids: the conversation in the chat template, then the assistant's header."""
+        try:
+            ids, _ = encode_chat(
+                [message.as_dict() for message in messages], self.tokenizer, add_generation_prompt=True
+            )
+        except ValueError as err:  # e.g. a lone surrogate in a content
+            raise bad_request(f"the messages are not valid Unicode text: {err}", "messages") from err
+        return self.encode(ids, "messages")
+
     def sequences(
         self, parsed: GenerationRequest, prompts: Sequence[list[int]], *, prompt_logprobs: bool = False
     ) -> list[SequenceRequest]:
@@ -403,8 +413,7 @@ class _Service:
         parsed = parse_chat_request(await self.read_json(request))
         self.check_model(parsed.model)
         self.check_choices(parsed.params.n)
-        prompt = await run_in_threadpool(self.encode, render_chat(parsed.messages), "messages")
-        parsed = _with_chat_stop(parsed)
+        prompt = await run_in_threadpool(self.encode_chat, parsed.messages)
         submission = _Submission(self.engine, self.sequences(parsed, [prompt]), self.config.retry_after_seconds)
         choices = [Choice(index, prompt) for index in range(parsed.params.n)]
         response_id, created = new_id("chatcmpl"), now()
@@ -421,7 +430,7 @@ class _Service:
             body_choices.append(
                 {
                     "index": choice.index,
-                    "message": {"role": "assistant", "content": choice.text.lstrip()},
+                    "message": {"role": "assistant", "content": choice.text},
                     "logprobs": logprobs,
                     "finish_reason": choice.finish_reason,
                 }
@@ -458,7 +467,6 @@ class _Service:
                 **head,
                 "choices": [{"index": choice.index, "delta": delta, "logprobs": None, "finish_reason": None}],
             }
-        started = [False] * len(choices)  # the reply's leading whitespace is dropped (gpt2.serve.chat)
         async for output in submission.outputs():
             if output.error:
                 yield _stream_error(output.error)
@@ -466,9 +474,6 @@ class _Service:
             choice = choices[output.index]
             choice.add(output)
             text = output.text
-            if not started[output.index]:
-                text = text.lstrip()
-                started[output.index] = bool(text)
             logprobs = self.logprobs.chat(output.logprobs) if parsed.logprobs is not None else None
             if not text and not output.logprobs and output.finish_reason is None:
                 continue
@@ -479,12 +484,6 @@ class _Service:
         if parsed.include_usage:
             completion_tokens = sum(choice.completion_tokens for choice in choices)
             yield {**head, "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
-
-
-def _with_chat_stop(parsed: ChatRequest) -> ChatRequest:
-    """The chat template's stop ("\\nUser:") added to the request's own stops."""
-    stops = (*parsed.params.stop, CHAT_STOP) if CHAT_STOP not in parsed.params.stop else parsed.params.stop
-    return dataclasses.replace(parsed, params=parsed.params.replace(stop=stops))
 
 
 def _raise_engine_error(choices: list[Choice]) -> None:

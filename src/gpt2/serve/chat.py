@@ -1,48 +1,32 @@
-"""The chat template: how a list of chat messages becomes one prompt for a model with no chat training.
+"""Chat requests: OpenAI's `messages` checked and read into the roles of GPT-2's chat template.
 
-GPT-2 was trained on web text, not on conversations, and has no special tokens for turns. This server's
-template is plain text, one turn per line, each opened by the speaker's name, and ends with the assistant's
-name so the model writes the next turn:
-
-    System: You are terse.
-    User: Hello!
-    Assistant: Hi.
-    User: How are you?
-    Assistant:
-
-Generation stops at "\\nUser:" (the model starting the user's next turn) besides the request's own stops, and
-the reply's leading whitespace is dropped (the model writes " Fine." after "Assistant:"). Roles: system (and
-OpenAI's newer name for it, developer), user, assistant. This is the server's stopgap; a fine-tuned chat model
-will define its own template.
+The prompt is the conversation in the template that fine-tuning trains in (`gpt2.tokenizer.chat`): each turn a
+role header and its content closed by <|endoftext|>, then the assistant's header. The reply ends where the model
+closes its turn with <|endoftext|> (as every completion ends there), or at the request's own stops. Roles:
+system (and OpenAI's newer name for it, developer), user, assistant. A content may contain the text
+"<|endoftext|>": it stays text, and cannot end a turn.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-ROLE_NAMES = {"system": "System", "developer": "System", "user": "User", "assistant": "Assistant"}
-"""Each accepted role and the name its turns start with."""
-CHAT_STOP = "\nUser:"
-"""Where a reply ends: the model beginning the user's next turn."""
+from gpt2.tokenizer.chat import ROLES
+
+ROLE_ALIASES = {"developer": "system"}
+"""OpenAI's other names for the template's roles."""
 MAX_MESSAGES = 256
 
 
 @dataclass(frozen=True)
 class ChatMessage:
     role: str
+    """One of the template's roles (`gpt2.tokenizer.chat.ROLES`)."""
     content: str
 
-
-def render_chat(messages: Sequence[ChatMessage]) -> str:
-    """The prompt for `messages` (module docstring).
-
-    >>> render_chat([ChatMessage("user", "Hello!")])
-    'User: Hello!\\nAssistant:'
-    """
-    turns = [f"{ROLE_NAMES[message.role]}: {message.content}" for message in messages]
-    return "\n".join([*turns, f"{ROLE_NAMES['assistant']}:"])
+    def as_dict(self) -> dict[str, str]:
+        return {"role": self.role, "content": self.content}
 
 
 def parse_messages(value: Any) -> tuple[ChatMessage, ...]:
@@ -57,9 +41,10 @@ def parse_messages(value: Any) -> tuple[ChatMessage, ...]:
         if not isinstance(message, dict):
             raise ValueError(f"messages[{number}] must be an object with role and content")
         role = message.get("role")
-        if role not in ROLE_NAMES:
-            raise ValueError(f"messages[{number}].role must be one of {', '.join(ROLE_NAMES)}, got {role!r}")
-        messages.append(ChatMessage(role, _content(message.get("content"), number)))
+        if not isinstance(role, str) or role not in (*ROLES, *ROLE_ALIASES):
+            accepted = ", ".join((*ROLES, *ROLE_ALIASES))
+            raise ValueError(f"messages[{number}].role must be one of {accepted}, got {role!r}")
+        messages.append(ChatMessage(ROLE_ALIASES.get(role, role), _content(message.get("content"), number)))
     return tuple(messages)
 
 
