@@ -430,14 +430,18 @@ def test_echo_with_max_tokens_0_gives_every_prompt_tokens_logprob_as_transformer
 
 
 @pytest.fixture(scope="module")
-def bpe_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, LLM]]:
-    """A server over a tiny model with GPT-2's own tokenizer."""
+def bpe_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny model with GPT-2's own tokenizer, in HF format (transformers' tokenizer reads it too)."""
     shared_file("gpt2-bpe/encoder.json")
     tokenizer = load_tokenizer(shared_file("gpt2-bpe/vocab.bpe").parent)
-    directory = save_model(tmp_path_factory.mktemp("bpe"), tiny_gpt(vocab_size=50257), tokenizer)
-    served = LLM.load(directory)
-    with running(served) as url:
-        yield url, LLM.load(directory)
+    return save_model(tmp_path_factory.mktemp("bpe"), tiny_gpt(vocab_size=50257), tokenizer)
+
+
+@pytest.fixture(scope="module")
+def bpe_url(bpe_model_dir: Path) -> Iterator[tuple[str, LLM]]:
+    """A server over `bpe_model_dir`, and the same model loaded apart from it."""
+    with running(LLM.load(bpe_model_dir)) as url:
+        yield url, LLM.load(bpe_model_dir)
 
 
 def test_echo_logprobs_equal_the_offline_scorer(bpe_url: tuple[str, LLM]) -> None:
@@ -451,6 +455,73 @@ def test_echo_logprobs_equal_the_offline_scorer(bpe_url: tuple[str, LLM]) -> Non
     assert len(token_logprobs) == len(context_ids) + len(continuation_ids)
     score = score_continuations(offline.model, [(context_ids, continuation_ids)])[0]
     assert sum(token_logprobs[-len(continuation_ids) :]) == pytest.approx(-score.loss_sum, abs=1e-4)
+
+
+LM_EVAL_TASK = """\
+task: gpt2_local_choice
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{context}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{label}}}}"
+target_delimiter: ""
+metric_list:
+  - metric: acc
+"""
+LM_EVAL_DOCS = [  # contexts ending in whitespace too: the harness moves it into the continuation
+    {"context": "The capital of France is", "choices": [" Paris.", " Rome.", " a city"], "label": 0},
+    {"context": "def add(a, b):\n    ", "choices": ["return a + b", "pass"], "label": 0},
+    {"context": "Two  spaces then ", "choices": ["words", "more  words", "é🤗"], "label": 1},
+    {"context": "Once upon a time", "choices": [", there was", " in a land far away"], "label": 1},
+]
+
+
+def test_lm_evaluation_harness_local_completions_scores_as_offline(
+    bpe_url: tuple[str, LLM], bpe_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """lm-evaluation-harness's own `local-completions` model (echo + logprobs over HTTP) on a local multiple-choice
+    task gets the log-likelihoods our offline scorer computes."""
+    lm_eval = pytest.importorskip("lm_eval")
+    from lm_eval.tasks import TaskManager
+
+    from gpt2.eval import encode_pair, score_continuations
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    url, offline = bpe_url
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps(doc) + "\n" for doc in LM_EVAL_DOCS), encoding="utf-8")
+    (tmp_path / "task.yaml").write_text(LM_EVAL_TASK.format(data=data), encoding="utf-8")
+    results = lm_eval.simple_evaluate(
+        model="local-completions",
+        model_args={
+            "base_url": f"{url}/v1/completions",
+            "model": MODEL,
+            "tokenizer_backend": "huggingface",
+            "tokenizer": str(bpe_model_dir),
+            "max_retries": 1,
+        },
+        tasks=["gpt2_local_choice"],
+        task_manager=TaskManager(include_path=str(tmp_path)),
+        log_samples=True,
+    )
+    samples = sorted(results["samples"]["gpt2_local_choice"], key=lambda sample: sample["doc_id"])
+    assert len(samples) == len(LM_EVAL_DOCS)
+    correct = []
+    for doc, sample in zip(LM_EVAL_DOCS, samples, strict=True):
+        pairs = [encode_pair(offline.tokenizer, doc["context"], choice) for choice in doc["choices"]]
+        scores = score_continuations(offline.model, pairs)
+        harness = [response[0] for response in sample["resps"]]  # per choice: [(log-likelihood, is_greedy)]
+        for (loglikelihood, greedy), score in zip(harness, scores, strict=True):
+            assert loglikelihood == pytest.approx(-score.loss_sum, abs=1e-4)
+            assert greedy == score.greedy
+        best = max(range(len(scores)), key=lambda i: -scores[i].loss_sum)
+        correct.append(float(best == doc["label"]))
+    assert results["results"]["gpt2_local_choice"]["acc,none"] == pytest.approx(sum(correct) / len(correct))
 
 
 def test_generated_tokens_logprobs_are_the_models(client: Any, reference: LLM) -> None:
