@@ -115,7 +115,7 @@ def test_llm_generate_returns_n_reproducible_samples(run_dir: Path) -> None:
     assert first == second and len(first) == 2 and first[0] != first[1]
 
 
-@pytest.mark.parametrize("precision", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("precision", ["float32", "bfloat16", "int8", "int4"])
 def test_every_inference_precision_loads_and_generates(run_dir: Path, precision: str) -> None:
     llm = LLM.load(run_dir, device="cpu", precision=precision)
     assert len(llm.generate("Hi", SamplingParams(max_tokens=5, temperature=0))[0]) > 0

@@ -585,6 +585,24 @@ def test_cli_perplexity_on_a_text_file_reports_bits_per_byte(tmp_path: Path, mod
     assert "bits_per_byte" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "int4"])
+def test_cli_perplexity_in_an_inference_precision_stays_near_the_trained_model(
+    tmp_path: Path, model_dir: Path, dtype: str
+) -> None:
+    data = tmp_path / "text.txt"
+    data.write_text("a a a a é é éé a\n" * 20, encoding="utf-8")
+    losses = {}
+    for name, extra in (("as trained", []), (dtype, ["--dtype", dtype])):
+        out = tmp_path / f"{name}.json"
+        argv = ["eval", "perplexity", "--model", str(model_dir), "--data", str(data), "--out", str(out), *extra]
+        assert main(argv) == 0
+        losses[name] = json.loads(out.read_text())["loss"]
+    # int4 grids run from each group's minimum to its maximum: this hand-built model's many exact zeros fall
+    # between two levels, so it moves most there
+    tolerance = {"float32": 1e-5, "bfloat16": 0.05, "int8": 0.05, "int4": 0.25}[dtype]
+    assert losses[dtype] == pytest.approx(losses["as trained"], abs=tolerance)
+
+
 def test_cli_perplexity_on_prepared_shards(tmp_path: Path, model_dir: Path) -> None:
     from gpt2.data import load_split, prepare
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -458,6 +459,61 @@ def test_int8_weights_stay_close_to_the_float_model(model: GPT, monkeypatch: pyt
     seen = record_logits(monkeypatch)
     generate(quantize_int8(random_gpt()), idx, 1, temperature=0)
     assert (seen[0].float() - full).abs().max() < 0.1
+
+
+def test_draw_follows_the_probabilities_and_never_picks_a_zero() -> None:
+    from gpt2.inference.sampling import draw
+
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0]]).expand(40_000, -1)
+    drawn = draw(probs, torch.Generator().manual_seed(SEED))
+    frequencies = torch.bincount(drawn, minlength=6).float() / len(drawn)
+    assert frequencies[[0, 2, 5]].sum() == 0
+    torch.testing.assert_close(frequencies, probs[0], atol=0.01, rtol=0)
+    edges = torch.tensor([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0], [0.0, 2.0, 0.0]])  # unnormalized rows are fine
+    assert draw(edges.repeat(1000, 1)).view(1000, 3).eq(torch.tensor([2, 0, 1])).all()
+    again = draw(probs[:50], torch.Generator().manual_seed(SEED))
+    assert torch.equal(again, drawn[:50])  # a seed gives the same draws
+
+
+def test_int4_codes_give_each_weight_back_within_half_a_step() -> None:
+    from gpt2.inference import Int4Linear
+
+    weight = torch.randn(48, 96, generator=torch.Generator().manual_seed(SEED))
+    codes, scale, minimum = Int4Linear.quantize_groups(weight, group_size=32)
+    assert codes.min() >= 0 and codes.max() <= 15 and scale.shape == minimum.shape == (3, 48)
+    step = scale.T.repeat_interleave(32, dim=1)  # (out, in): each weight's own group scale
+    assert ((Int4Linear.dequantize(codes, scale, minimum) - weight).abs() <= step / 2 + 1e-6).all()
+
+
+def test_int4_kernel_computes_the_dequantized_linear() -> None:
+    from gpt2.inference import Int4Linear
+
+    torch.manual_seed(SEED)
+    linear = torch.nn.Linear(64, 301)  # odd width, like V
+    layer = Int4Linear.from_linear(linear)
+    weight = Int4Linear.dequantize(*Int4Linear.quantize_groups(linear.weight, group_size=32))
+    x = torch.randn(2, 3, 64, dtype=torch.bfloat16)
+    expected = F.linear(x.float(), weight, linear.bias.detach())
+    torch.testing.assert_close(layer(x).float(), expected, atol=3e-2, rtol=2e-2)
+
+
+def test_int4_weights_stay_close_to_the_float_model(model: GPT, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpt2.inference import prepare_for_inference
+
+    idx = torch.tensor(prompts([8, 8]))
+    full = model(idx).logits[:, -1]
+    seen = record_logits(monkeypatch)
+    generate(prepare_for_inference(random_gpt(), "int4"), idx, 1, temperature=0)
+    quantized = seen[0].float()
+    assert (quantized - full).abs().max() < 0.15 * (full.max() - full.min())  # 4 bits: coarser than int8
+    assert F.cosine_similarity(quantized, full).min() > 0.97
+
+
+def test_int4_needs_inputs_in_whole_groups() -> None:
+    from gpt2.inference import Int4Linear
+
+    with pytest.raises(ValueError, match="int4 needs in_features divisible by 32"):
+        Int4Linear.from_linear(torch.nn.Linear(48, 8))
 
 
 @pytest.mark.slow

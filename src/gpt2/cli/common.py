@@ -12,9 +12,12 @@ from gpt2.inference.layouts import PRECISIONS
 from gpt2.inference.sampling import SamplingParams
 
 
-def load_model_and_tokenizer(model_name: str, tokenizer_name: str | None, device: torch.device) -> tuple[Any, Any]:
-    """The model on `device` and its tokenizer, through the facade (`gpt2.api.LLM.load`)."""
-    llm = LLM.load(model_name, tokenizer=tokenizer_name, device=device)
+def load_model_and_tokenizer(
+    model_name: str, tokenizer_name: str | None, device: torch.device, precision: str | None = None
+) -> tuple[Any, Any]:
+    """The model on `device` (in `precision`'s inference layout, if given) and its tokenizer, through the facade
+    (`gpt2.api.LLM.load`)."""
+    llm = LLM.load(model_name, tokenizer=tokenizer_name, device=device, precision=precision)
     return llm.model, llm.tokenizer
 
 
@@ -27,7 +30,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, inference: bool = Fa
             "--dtype",
             choices=PRECISIONS,
             default="float32",
-            help="weights' precision (default float32; int8 = int8 weights, bfloat16 activations)",
+            help="weights' precision (default float32; int8 / int4 = 8- / 4-bit weights, bfloat16 activations)",
         )
         parser.add_argument("--device", default="auto", help="'auto' (cuda when available), 'cpu', 'cuda', ...")
 

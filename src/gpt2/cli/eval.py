@@ -22,6 +22,7 @@ from gpt2.eval import (
     evaluate_perplexity,
     fetch_dataset,
 )
+from gpt2.inference.layouts import PRECISIONS
 from gpt2.runtime.device import resolve_device
 from gpt2.runtime.files import atomic_write_text
 
@@ -34,6 +35,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     common.add_argument("--model", required=True, help="model directory (HF layout) or Hub name such as gpt2")
     common.add_argument("--tokenizer", help="tokenizer directory or Hub name (default: the model's directory)")
     common.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:1...")
+    common.add_argument(
+        "--dtype",
+        choices=PRECISIONS,
+        help="score in this inference precision (as `gpt2 sample --dtype`); default: the float32 model as trained",
+    )
     common.add_argument("--out", type=Path, help="also write the results to this JSON file")
     common.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -104,7 +110,7 @@ def report(results: dict[str, Any], out: Path | None) -> int:
 
 # ------------------------------------------------------------------------------------------ commands
 def run_perplexity(args: argparse.Namespace) -> int:
-    model, tokenizer = load_model_and_tokenizer(args.model, args.tokenizer, resolve_device(args.device))
+    model, tokenizer = load_model_and_tokenizer(args.model, args.tokenizer, resolve_device(args.device), args.dtype)
     results = evaluate_perplexity(
         model,
         tokenizer,
@@ -121,7 +127,7 @@ def run_perplexity(args: argparse.Namespace) -> int:
 
 
 def run_hellaswag(args: argparse.Namespace) -> int:
-    model, tokenizer = load_model_and_tokenizer(args.model, args.tokenizer, resolve_device(args.device))
+    model, tokenizer = load_model_and_tokenizer(args.model, args.tokenizer, resolve_device(args.device), args.dtype)
     data = args.data if args.data is not None else fetch_dataset("hellaswag", args.cache_dir)
     results = evaluate_hellaswag(
         model,
@@ -136,7 +142,7 @@ def run_hellaswag(args: argparse.Namespace) -> int:
 
 
 def run_lambada(args: argparse.Namespace) -> int:
-    model, tokenizer = load_model_and_tokenizer(args.model, args.tokenizer, resolve_device(args.device))
+    model, tokenizer = load_model_and_tokenizer(args.model, args.tokenizer, resolve_device(args.device), args.dtype)
     data = args.data if args.data is not None else fetch_dataset("lambada", args.cache_dir)
     results = evaluate_lambada(
         model, tokenizer, data, limit=args.limit, batch_size=args.batch_size, progress=not args.no_progress

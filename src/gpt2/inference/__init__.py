@@ -1,10 +1,19 @@
 """Inference: the sampling parameters, generation with a KV cache, and the CPU inference layouts."""
 
 from gpt2.inference.generation import generate, left_pad, stream, stream_text
-from gpt2.inference.layouts import Int8Linear, SplitLinear, optimize_for_inference, prepare_for_inference, quantize_int8
+from gpt2.inference.layouts import (
+    Int4Linear,
+    Int8Linear,
+    SplitLinear,
+    optimize_for_inference,
+    prepare_for_inference,
+    quantize_int4,
+    quantize_int8,
+)
 from gpt2.inference.sampling import SamplingParams, filter_top_k, filter_top_p, sample_next_token
 
 __all__ = [
+    "Int4Linear",
     "Int8Linear",
     "SamplingParams",
     "SplitLinear",
@@ -14,6 +23,7 @@ __all__ = [
     "left_pad",
     "optimize_for_inference",
     "prepare_for_inference",
+    "quantize_int4",
     "quantize_int8",
     "sample_next_token",
     "stream",

@@ -12,6 +12,10 @@ many bytes each weight takes.
 - `Int8Linear` (`quantize_int8(model)`): each weight as int8 with one scale per output row (symmetric, absmax /
   127), activations in bfloat16 (what torch's CPU int8 kernel is fast with): a quarter of the bytes. Embeddings,
   LayerNorms and biases stay as they are. The accuracy cost is measured in benchmarks/bench_generate.py.
+- `Int4Linear` (`quantize_int4(model)`, CPU only): each group of 32 weights along the input as 4-bit codes
+  0..15 with its own scale and minimum (asymmetric), two codes a byte, in torch's CPU int4 kernel
+  (`aten._weight_int4pack_mm_for_cpu`), bfloat16 activations: 5 bits a weight with the scales, as llama.cpp's
+  q4_0 takes 4.5.
 
 In both, the tied LM head gets its own copy in the new layout while `wte` keeps serving the embedding lookups.
 """
@@ -26,6 +30,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 INT8_MAX = 127
+INT4_LEVELS = 15  # codes 0..15
+INT4_GROUP_SIZE = 32  # inputs sharing one scale and minimum, as in llama.cpp's q4_0 blocks
+INT4_INNER_K_TILES = 2  # the packing's tile parameter (any of 2, 4, 8 on CPU: same results)
+INT4_K_MULTIPLE = 16 * INT4_INNER_K_TILES  # the kernel's tile over the input dimension
+INT4_N_MULTIPLE = 16  # ... and over the output dimension
 M = TypeVar("M", bound=nn.Module)
 
 
@@ -79,6 +88,90 @@ def quantize_int8(model: nn.Module, *, dtype: torch.dtype = torch.bfloat16) -> n
     For inference only (no gradients flow into int8 weights). Returns the model."""
     model.to(dtype)
     return _replace_linears(model, lambda linear: Int8Linear.from_linear(linear, dtype=dtype))
+
+
+class Int4Linear(nn.Module):
+    """y = x W^T + b with W stored as 4-bit codes q (0..15) in groups of `group_size` inputs, each group with a
+    scale s and minimum m: W[o, i] = q[o, i] * s[g, o] + m[g, o] for g = i // group_size (`quantize_groups`).
+
+    torch's CPU kernel takes the pair as scale and zero = m + 8 s, and computes (q - 8) * scale + zero: the same
+    weight. `dequantize` gives the weight back for the reference path in tests.
+    """
+
+    weight_packed: torch.Tensor
+    scales_and_zeros: torch.Tensor
+
+    def __init__(
+        self,
+        weight_packed: torch.Tensor,
+        scales_and_zeros: torch.Tensor,
+        bias: torch.Tensor | None,
+        group_size: int,
+        out_features: int,
+    ) -> None:
+        super().__init__()
+        self.register_buffer("weight_packed", weight_packed)  # (out padded, in / 2) uint8, the kernel's layout
+        self.register_buffer("scales_and_zeros", scales_and_zeros)  # (in / group_size, out padded, 2)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.group_size = group_size
+        self.out_features = out_features  # the kernel wants a multiple of 16 rows: extra zero rows are cut off
+
+    @staticmethod
+    def quantize_groups(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(codes (out, in) int32 in 0..15, scale (in / group_size, out), minimum (same)) of an (out, in) weight."""
+        out_features, in_features = weight.shape
+        groups = weight.detach().float().reshape(out_features, in_features // group_size, group_size)
+        minimum, maximum = groups.amin(dim=-1), groups.amax(dim=-1)  # (out, G)
+        scale = ((maximum - minimum) / INT4_LEVELS).clamp(min=1e-12)
+        codes = torch.round((groups - minimum[..., None]) / scale[..., None]).clamp(0, INT4_LEVELS)
+        return codes.reshape(out_features, in_features).to(torch.int32), scale.T.contiguous(), minimum.T.contiguous()
+
+    @staticmethod
+    def dequantize(codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> torch.Tensor:
+        """The (out, in) float32 weight that `quantize_groups`' output stands for."""
+        out_features, in_features = codes.shape
+        groups = codes.float().reshape(out_features, scale.shape[0], -1)  # (out, G, group_size)
+        return (groups * scale.T[..., None] + minimum.T[..., None]).reshape(out_features, in_features)
+
+    @classmethod
+    def from_linear(
+        cls, linear: nn.Linear, *, group_size: int = INT4_GROUP_SIZE, dtype: torch.dtype = torch.bfloat16
+    ) -> Int4Linear:
+        in_features = linear.in_features
+        if in_features % group_size or in_features % INT4_K_MULTIPLE:
+            raise ValueError(
+                f"int4 needs in_features divisible by {group_size} and {INT4_K_MULTIPLE}, got {in_features}"
+            )
+        out_features = linear.out_features
+        weight = F.pad(linear.weight.detach(), (0, 0, 0, -out_features % INT4_N_MULTIPLE))  # (out padded, in)
+        codes, scale, minimum = cls.quantize_groups(weight, group_size)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, INT4_INNER_K_TILES)
+        zero = minimum + 8 * scale  # the kernel subtracts 8 from each code
+        scales_and_zeros = torch.stack([scale, zero], dim=-1).to(dtype)  # (G, out, 2)
+        bias = None if linear.bias is None else linear.bias.detach().to(dtype)
+        return cls(packed, scales_and_zeros, bias, group_size, out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2d = x.reshape(-1, shape[-1]).to(self.scales_and_zeros.dtype).contiguous()  # (B*T, in)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2d, self.weight_packed, self.group_size, self.scales_and_zeros)
+        y = y[:, : self.out_features]  # (B*T, out)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        out_features = self.out_features
+        in_features = self.scales_and_zeros.shape[0] * self.group_size
+        bias = self.bias is not None
+        return f"in_features={in_features}, out_features={out_features}, bias={bias}, int4 x {self.group_size}"
+
+
+def quantize_int4(model: nn.Module, *, group_size: int = INT4_GROUP_SIZE) -> nn.Module:
+    """Cast `model` to bfloat16 and replace every nn.Linear (LM head included) by an Int4Linear, in place. CPU
+    only (the packed layout is the CPU kernel's); for inference only. Returns the model."""
+    model.to(torch.bfloat16)
+    return _replace_linears(model, lambda linear: Int4Linear.from_linear(linear, group_size=group_size))
 
 
 class SplitLinear(nn.Module):
@@ -137,9 +230,9 @@ def optimize_for_inference(model: nn.Module, *, parts: int | None = None) -> nn.
     return _replace_linears(model.eval(), lambda linear: SplitLinear.from_linear(linear, parts))
 
 
-PRECISIONS = ("float32", "bfloat16", "float16", "int8")
+PRECISIONS = ("float32", "bfloat16", "float16", "int8", "int4")
 """What `prepare_for_inference` accepts: float32 (split layout on CPU), bfloat16/float16 (weights cast), int8
-(int8 weights, bfloat16 activations)."""
+(int8 weights, bfloat16 activations), int4 (4-bit weights in groups of 32, bfloat16 activations; CPU only)."""
 
 
 def prepare_for_inference(model: M, precision: str = "float32") -> M:
@@ -150,9 +243,13 @@ def prepare_for_inference(model: M, precision: str = "float32") -> M:
     device = next(model.parameters()).device
     if precision == "float16" and device.type == "cpu":
         raise ValueError("float16 is slow or unsupported on CPU; use bfloat16 or int8 there")
+    if precision == "int4" and device.type != "cpu":
+        raise ValueError(f"int4 is a CPU layout (torch's CPU int4 kernel); on {device.type} use bfloat16 or int8")
     model.eval()
     if precision == "int8":
         quantize_int8(model)
+    elif precision == "int4":
+        quantize_int4(model)
     elif precision == "float32":
         optimize_for_inference(model)  # same logits; all cores stream the weights
     else:
