@@ -92,8 +92,9 @@ def llamacpp_case(path: str, threads: int, repack: bool, args: argparse.Namespac
             return params
 
         llama_cpp.llama_cpp.llama_model_default_params = without_repacking
+    # n_batch = n_ctx: llama-cpp-python keeps n_batch rows of logits when logits_all is off
     llama = llama_cpp.Llama(
-        model_path=path, n_ctx=1024, n_batch=512, n_threads=threads, n_threads_batch=threads, verbose=False
+        model_path=path, n_ctx=1024, n_batch=1024, n_threads=threads, n_threads_batch=threads, verbose=False
     )
 
     def decode(prompt: list[int], new_tokens: int) -> float:
@@ -161,9 +162,14 @@ def main() -> None:
         print(json.dumps(llamacpp_case(args.child, args.threads, not args.no_repack, args)))
         return
 
+    with tempfile.TemporaryDirectory(prefix="bench_cpu_decode_") as folder:
+        run(args, Path(folder))
+
+
+def run(args: argparse.Namespace, folder: Path) -> None:
+    """Export the files into `folder`, then run every case."""
     torch.manual_seed(SEED)
     reference = GPT(GPTConfig.from_name("gpt2")).eval()
-    folder = Path(tempfile.mkdtemp(prefix="bench_cpu_decode_"))
     save_pretrained(reference, folder / "hf")
     text_tokenizer = tokenizer()
     files = {}

@@ -447,8 +447,10 @@ def test_int8_kernel_computes_the_dequantized_linear() -> None:
 
     torch.manual_seed(SEED)
     layer = Int8Linear.from_linear(torch.nn.Linear(64, 301), dtype=torch.bfloat16)  # odd width, like V
-    x = torch.randn(2, 3, 64, dtype=torch.bfloat16)
+    x = torch.randn(2, 3, 64, dtype=torch.bfloat16)  # a few rows: the int8 kernel
     torch.testing.assert_close(layer(x).float(), layer.reference_forward(x).float(), atol=2e-2, rtol=1e-2)
+    many = torch.randn(4, layer.dequantize_from_rows, 64, dtype=torch.bfloat16)  # a prefill: one bf16 matmul
+    assert torch.equal(layer(many), layer.reference_forward(many))
 
 
 def test_int8_weights_stay_close_to_the_float_model(model: GPT, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -209,11 +209,13 @@ def test_batched_logits_equal_each_sequence_alone_as_sequences_join_and_leave() 
     rows: list[list[int]] = []
     widths = []
     for _ in range(300):
-        if len(rows) < 4 and rng.random() < 0.3:
-            prompt = [rng.randrange(256) for _ in range(rng.randint(1, 40))]
-            logits = batch.join(prompt)
-            torch.testing.assert_close(logits, solo_logits(model, prompt), atol=1e-5, rtol=0)
-            rows.append([*prompt, int(logits.argmax())])
+        if len(rows) < 4 and rng.random() < 0.3:  # one joins, or several at once (one batched prefill)
+            count = rng.randint(1, 4 - len(rows)) if rng.random() < 0.5 else 1
+            prompts = [[rng.randrange(256) for _ in range(rng.randint(1, 40))] for _ in range(count)]
+            joined = batch.join_many(prompts) if count > 1 else batch.join(prompts[0]).unsqueeze(0)  # (n, V)
+            for prompt, logits in zip(prompts, joined, strict=True):
+                torch.testing.assert_close(logits, solo_logits(model, prompt), atol=1e-5, rtol=0)
+                rows.append([*prompt, int(logits.argmax())])
         for row in reversed(range(len(rows))):
             if len(rows[row]) == 64 or rng.random() < 0.04:  # at the context, or at random
                 batch.leave(row)

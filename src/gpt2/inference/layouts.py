@@ -30,6 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 INT8_MAX = 127
+INT8_LARGE_WEIGHT = 2**23  # elements: beyond this (the LM head), dequantizing costs more (Int8Linear)
 INT4_LEVELS = 15  # codes 0..15
 INT4_GROUP_SIZE = 32  # inputs sharing one scale and minimum, as in llama.cpp's q4_0 blocks
 INT4_INNER_K_TILES = 2  # the packing's tile parameter (any of 2, 4, 8 on CPU: same results)
@@ -41,8 +42,9 @@ M = TypeVar("M", bound=nn.Module)
 class Int8Linear(nn.Module):
     """y = x W^T + b with W stored as int8 (out, in) times a per-row scale (out,).
 
-    On CPU the product runs in torch's fused int8-weight kernel (`aten._weight_int8pack_mm`); elsewhere it
-    dequantizes and calls F.linear (`reference_forward`), which computes the same thing.
+    On CPU the product runs in torch's fused int8-weight kernel (`aten._weight_int8pack_mm`) for a few rows;
+    for many rows, and off the CPU, it dequantizes and calls F.linear (`reference_forward`), which computes the
+    same thing up to rounding.
     """
 
     weight_int8: torch.Tensor
@@ -53,6 +55,11 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight_int8", weight_int8)  # (out, in) int8
         self.register_buffer("scale", scale)  # (out,) in the activations' dtype
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        # Many rows at once (a prefill, an evaluation batch) run faster as one bfloat16 matmul over the weight
+        # dequantized on the fly (AMX / oneDNN) than in the int8 kernel, which is made for a few rows. Measured
+        # on the dev VM: break-even near 32 rows for a block's layers, near 256 for the 50257-row LM head,
+        # whose dequantized copy alone takes tens of milliseconds to write.
+        self.dequantize_from_rows = 32 if weight_int8.numel() <= INT8_LARGE_WEIGHT else 256
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, *, dtype: torch.dtype | None = None) -> Int8Linear:
@@ -64,7 +71,8 @@ class Int8Linear(nn.Module):
         return cls(weight_int8, scale.to(dtype), bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cpu":
+        rows = x.numel() // x.shape[-1]
+        if x.device.type != "cpu" or rows >= self.dequantize_from_rows:
             return self.reference_forward(x)
         shape = x.shape
         x2d = x.reshape(-1, shape[-1]).to(self.scale.dtype).contiguous()  # (B*T, in): the kernel wants 2-D

@@ -12,7 +12,7 @@ values do not depend on the column they sit in: every row computes what its sequ
 to the rounding of the batched reductions.
 
 - join: the prompt is prefilled alone (B=1) straight into its row's columns [L - P, L); when P > L, the rows
-  already there first move right by P - L.
+  already there first move right by P - L. join_many: several prompts in one left-padded prefill, likewise.
 - step: one forward of the B pending tokens (B, 1), each with its row's mask and position.
 - Room: a step needs column L free. When L reaches block_size, or the padding every row shares grows past a
   quarter of the width, all rows move left by that shared padding (one copy of the active cache, which costs
@@ -88,6 +88,43 @@ class DecodeBatch:
         hidden = self.model.hidden_states(ids, kv_cache=view, validate=False)  # (1, P, C)
         self.size += 1
         return self.model.lm_head(hidden[0] if all_logits else hidden[0, -1])
+
+    @torch.no_grad()
+    def join_many(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Add several sequences as rows B, B + 1, ... with one batched prefill; returns the logits of the token
+        after each prompt (n, V). What joining them one by one gives, up to the rounding of the batched matmuls:
+        each prompt is left-padded to the longest (n, P_max) with its own mask and positions, so it lands
+        right-aligned in its row's columns like a lone join. One forward over n * P_max rows runs faster than n
+        small ones (far faster where matmuls over many rows have fast kernels: bf16, int8 prefills)."""
+        if len(prompts) == 1:
+            return self.join(prompts[0]).unsqueeze(0)
+        lengths = [len(prompt) for prompt in prompts]
+        if self.size + len(prompts) > self.max_rows:
+            raise ValueError(f"{len(prompts)} sequences do not fit: {self.max_rows - self.size} rows are free")
+        if not all(0 < P < self.block_size for P in lengths):
+            raise ValueError(f"a prompt must hold 1 to {self.block_size - 1} tokens to be continued, got {lengths}")
+        if self.size == 0:
+            self.width = 0
+        longest = max(lengths)
+        if longest > self.width:
+            self._shift(longest - self.width)
+        L, rows = self.width, slice(self.size, self.size + len(prompts))
+        device = self._k.device
+        ids = torch.zeros(len(prompts), longest, dtype=torch.long, device=device)  # (n, P_max), left-padded
+        mask = torch.zeros(len(prompts), longest, dtype=torch.long, device=device)
+        for i, prompt in enumerate(prompts):
+            ids[i, longest - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
+            mask[i, longest - len(prompt) :] = 1
+        self._mask[rows] = 0
+        self._mask[rows, L - longest : L] = mask
+        self._lengths[rows] = torch.tensor(lengths, device=device)
+        view = KVCache(self._k[:, rows, :, L - longest :], self._v[:, rows, :, L - longest :])
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # (n, P_max): each prompt's own 0, 1, ...
+        hidden = self.model.hidden_states(
+            ids, attention_mask=mask, position_ids=positions, kv_cache=view, validate=False
+        )  # (n, P_max, C)
+        self.size += len(prompts)
+        return self.model.lm_head(hidden[:, -1])  # (n, V)
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,9 @@
 Each turn of its loop:
 
 1. admit waiting sequences while the batch has free rows: prefill each into its row of the shared KV cache
-   (gpt2.serve.batch) and draw its first token from the prefill's logits;
+   (gpt2.serve.batch) and draw its first token from the prefill's logits; when more arrived meanwhile and rows
+   are free, the next turn admits them before any decode step (so a burst of requests gets its first tokens
+   without waiting for decode steps in between: the time to the first token is what the burst's clients see);
 2. run one batched decode step for all active sequences, (B, 1) tokens -> (B, V) logits;
 3. per row, with that sequence's own settings: log-probabilities when asked (of the model's distribution, before
    penalties and temperature), presence/frequency penalties and logit bias, then `sample_next_token` with the
@@ -338,13 +340,19 @@ class Engine:
         return admitted
 
     def _turn(self, admitted: list[_Sequence]) -> None:
+        # plain sequences (no prompt scoring) admitted together share one batched prefill
+        together = [s for s in admitted if not s.cancelled and s.max_new > 0 and not s.request.prompt_logprobs]
+        if len(together) > 1:
+            self._admit_together(together)
         for sequence in admitted:
-            if not sequence.cancelled:
-                self._admit(sequence)
-            else:
+            if sequence.cancelled:
                 self._finish(sequence, reason="cancelled")
+            elif len(together) <= 1 or sequence not in together:
+                self._admit(sequence)
         for sequence in [s for s in self._rows if s.cancelled]:
             self._finish(sequence, reason="cancelled")
+        if admitted and self._waiting and len(self._rows) < self._batch.max_rows:
+            return  # more arrived during these prefills: admit them before decoding (first tokens come first)
         if self._rows:
             tokens = torch.tensor([sequence.pending for sequence in self._rows], dtype=torch.long)
             logits = self._batch.step(tokens)  # (B, V)
@@ -368,6 +376,16 @@ class Engine:
             prompt_logprobs = self._score(prompt, logits, request.logprobs or 0)
             logits = logits[-1]
         self._sample([sequence], logits.unsqueeze(0), prompt_logprobs=prompt_logprobs)
+
+    @torch.no_grad()
+    def _admit_together(self, sequences: list[_Sequence]) -> None:
+        """`_admit` for several plain sequences with one batched prefill (`DecodeBatch.join_many`)."""
+        logits = self._batch.join_many([sequence.request.prompt for sequence in sequences])  # (n, V)
+        for sequence in sequences:
+            sequence.text = TextAssembler(self.tokenizer, sequence.request.params.stop)
+            sequence.row = len(self._rows)
+            self._rows.append(sequence)
+        self._sample(sequences, logits)
 
     def _prompt_logprobs(self, prompt: list[int], top: int) -> list[TokenLogprob | None]:
         """Score a prompt that is not continued: one forward of its own, no cache."""
