@@ -1,17 +1,19 @@
 """CPU decoding, ours against llama.cpp, side by side in one run, per precision.
 
-GPT-2 124M shape with random weights (no network), batch 1, greedy, --threads threads (default 2). Pairs:
-ours fp32 (split layout) / llama.cpp f32, bf16 / bf16, int8 / q8_0, int4 / q4_0. Ours runs as `gpt2 sample
---dtype X` does (`prepare_for_inference` then the KV-cache `stream`); llama.cpp runs through llama-cpp-python on
-the GGUF `gpt2 export` writes from the same weights (q4_0: llama.cpp's own quantizer applied to our f32 file).
-Cases alternate ours / theirs, --repeats times each.
+GPT-2 124M shape with random weights (no network), batch 1, greedy, --threads threads (default 2). Pairs: ours
+float32 / llama.cpp f32, bfloat16 / bf16, int8 / q8_0, int4 / q4_0. Ours runs as `gpt2 sample --dtype X` does
+(`prepare_for_inference` then the KV-cache `stream`: the native kernels where they build, else the PyTorch
+layouts; `GPT2_NATIVE_KERNELS=0` forces the latter); llama.cpp runs through llama-cpp-python on the GGUF `gpt2
+export` writes from the same weights (q4_0: llama.cpp's own quantizer applied to our f32 file). Cases alternate
+ours / theirs, --repeats times each; the table takes each side's best.
 
 Per case: decode tokens/s (the steps after the first new token, prompt of --prompt-tokens, --new-tokens new),
-prompt processing tokens/s (one --pp-tokens prompt), and decode tokens/s at position ~1000 (long context). For
-ours also the share of the read-bandwidth limit: bytes one decode step reads / median read bandwidth (the sum of a
-512 MiB tensor, as benchmarks/bench_generate.py measures it).
+prompt processing tokens/s (one --pp-tokens prompt into the cache, logits of its last position only, as both
+generate), and decode tokens/s at position ~1000 (long context). For ours also the share of the read-bandwidth
+limit: bytes one decode step reads / median read bandwidth (the sum of a 512 MiB tensor, as
+benchmarks/bench_generate.py measures it).
 
-llama.cpp runs in a child process per case: on this machine its AMX weight-repacking path has crashed (q8_0), so a
+llama.cpp runs in a child process per case: on one machine its AMX weight-repacking path has crashed (q8_0), so a
 case is tried with repacking (its default) and, if the child dies, again without (--no-repack); the table says
 which. Needs llama_cpp (see benchmarks/bench_llamacpp.py for the install).
 
@@ -72,9 +74,12 @@ def ours_decode(model: GPT, prompt: list[int], new_tokens: int) -> float:
 
 @torch.no_grad()
 def ours_prefill(model: GPT, prompt: list[int]) -> float:
+    """Prompt tokens/s of a prefill as generation runs it: the cache filled, the next token's logits (as
+    llama.cpp computes only the last position's logits)."""
     cache = model.new_kv_cache(1, max_len=len(prompt))
     start = time.perf_counter()
-    model(torch.tensor([prompt]), kv_cache=cache, validate=False)
+    hidden = model.hidden_states(torch.tensor([prompt]), kv_cache=cache, validate=False)
+    model.lm_head(hidden[:, -1])
     return len(prompt) / (time.perf_counter() - start)
 
 

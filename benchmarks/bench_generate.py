@@ -1,19 +1,20 @@
 """Generation speed at the GPT-2 124M shape on CPU: ours vs `transformers`, and the memory-bandwidth limit.
 
 Random weights (no network), prompt of 32 tokens, 128 new tokens, greedy. For each batch size, each variant
-runs once per repeat, interleaved (ours fp32 in the split layout of gpt2.inference.optimize_for_inference,
-ours fp32 with plain nn.Linear, transformers fp32, ours bf16, ours int8), so the load other
-processes put on the machine falls on all of them alike; the tables report each run and the ratios.
+runs once per repeat, interleaved, so the load other processes put on the machine falls on all of them alike;
+the tables report each run and the ratios. Variants: ours at each precision as `gpt2 sample --dtype X` runs it
+(`prepare_for_inference`, native decode steps where the kernels build), ours fp32 on the PyTorch path (the split
+layout, `native=False`: what runs without the kernels), and transformers fp32.
 
 Limit: decoding one step reads every weight once (plus the KV cache), so tokens/s <= B * read bandwidth /
-bytes read per step. Read bandwidth is measured here by timing the sum of a 512 MiB tensor (best of 5).
-Times include the prefill of the prompt, as transformers' generate does.
+bytes read per step. Read bandwidth: the fastest streaming read measured here (`read_bandwidth`). Times include
+the prefill of the prompt, as transformers' generate does.
 
-Precision: the same random weights in bf16 and int8 (weight-only, bf16 activations) against fp32, on
-tinyshakespeare tokens (GPT-2 BPE) when the shared data is there, else random tokens: mean and max |delta
-log p(next token)| teacher-forced, top-1 agreement, and how many of 256 greedy tokens agree.
+Precision: the same random weights at bfloat16, int8 and int4 as shipped against fp32, on tinyshakespeare tokens
+(GPT-2 BPE) when the shared data is there, else random tokens: mean and max |delta log p(next token)|
+teacher-forced, top-1 agreement, and how many of 256 greedy tokens agree.
 
-    python benchmarks/bench_generate.py --threads 1 --repeats 2
+    python benchmarks/bench_generate.py --threads 2 --repeats 2
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ import torch
 import torch.nn.functional as F
 
 from gpt2.config import GPTConfig
-from gpt2.inference import optimize_for_inference, quantize_int8
+from gpt2.inference import optimize_for_inference, prepare_for_inference
+from gpt2.inference.decoder import native_decoder
 from gpt2.inference.generation import generate
+from gpt2.inference.kernels import KIND, kernels_available, native_linear
 from gpt2.model import GPT
 from gpt2.tokenizer import load_tokenizer
 from gpt2.weights import load_model, save_pretrained
@@ -42,29 +45,46 @@ SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def read_bandwidth() -> float:
-    """Bytes per second a sum over a large fp32 tensor reads (median of 7: on this VM single readings range
-    from ~38 to ~78 GB/s, so the median is the honest figure and the spread is reported beside it)."""
+    """Bytes per second the fastest streaming read here reaches (median of 7 each): a sum over a large fp32
+    tensor, and, where the native kernels build, their one-row product with a large fp32 matrix (which streams
+    faster than torch's sum on some machines; a rate the memory reached is a floor of what it can do)."""
     big = torch.ones(BANDWIDTH_BYTES // 4)
-    big.sum()
-    times = sorted(timed(lambda: big.sum()) for _ in range(7))
-    return BANDWIDTH_BYTES / times[len(times) // 2]
+    readers = [lambda: big.sum()]
+    if kernels_available():
+        matrix, row = big.view(-1, 1024), torch.ones(1, 1024)
+        readers.append(lambda: native_linear(row, matrix, None, None, KIND["float32"], matrix.shape[0]))
+    rates = []
+    for read in readers:
+        read()
+        times = sorted(timed(read) for _ in range(7))
+        rates.append(BANDWIDTH_BYTES / times[len(times) // 2])
+    return max(rates)
 
 
 @torch.no_grad()
-def decode_step_seconds(model: GPT, batch_size: int, context: int, steps: int = 20) -> float:
+def decode_step_seconds(model: GPT, batch_size: int, context: int, *, native: bool, steps: int = 20) -> float:
     """Seconds of one cached decode step at `context` positions (no prefill, no sampling): the part of
-    generation that reads every weight once per token."""
+    generation that reads every weight once per token. native: through the native decoder, as generation runs
+    it where it can; else the model's forward."""
     cache = model.new_kv_cache(batch_size, max_len=context + steps + 4)
     prompt = torch.randint(
         0, model.config.vocab_size, (batch_size, context), generator=torch.Generator().manual_seed(SEED)
     )
     model(prompt, kv_cache=cache, validate=False)
+    decoder = native_decoder(model) if native else None
     token = prompt[:, -1:]
+
+    def step() -> None:
+        if decoder is not None:
+            decoder.step(token[:, 0], cache)
+        else:
+            model(token, kv_cache=cache, validate=False)
+
     for _ in range(3):
-        model(token, kv_cache=cache, validate=False)
+        step()
     start = time.perf_counter()
     for _ in range(steps):
-        model(token, kv_cache=cache, validate=False)
+        step()
     return (time.perf_counter() - start) / steps
 
 
@@ -146,33 +166,41 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as directory:
         save_pretrained(ours, directory)
         theirs = GPT2LMHeadModel.from_pretrained(directory).eval()
-        ours_bf16 = load_model(directory).to(torch.bfloat16).eval()
-        ours_int8 = quantize_int8(load_model(directory)).eval()
-        ours_split = optimize_for_inference(load_model(directory))
+        # ours as `gpt2 sample --dtype X` runs it; "PyTorch path": without the native kernels (split layout)
+        shipped = {p: prepare_for_inference(load_model(directory), p) for p in ("float32", "bfloat16", "int8", "int4")}
+        pytorch_path = optimize_for_inference(load_model(directory))
+    models = {
+        "ours fp32": shipped["float32"],
+        "ours fp32, PyTorch path": pytorch_path,
+        "ours bf16": shipped["bfloat16"],
+        "ours int8": shipped["int8"],
+        "ours int4": shipped["int4"],
+    }
 
     n_new, n_prompt = args.new_tokens, args.prompt_tokens
     context = n_prompt + n_new // 2
-    results: dict = {"threads": args.threads, "bandwidth GB/s": [], "runs": {}}
-    print(f"threads={args.threads} prompt={n_prompt} new={n_new}")
+    results: dict = {"threads": args.threads, "native kernels": kernels_available(), "bandwidth GB/s": [], "runs": {}}
+    print(f"threads={args.threads} prompt={n_prompt} new={n_new} native kernels={kernels_available()}")
     for batch_size in args.batch_sizes:
         idx = torch.randint(
             0, ours.config.vocab_size, (batch_size, n_prompt), generator=torch.Generator().manual_seed(SEED)
         )
         outputs: dict[str, torch.Tensor] = {}
+
+        def ours_generate(model: GPT, idx: torch.Tensor = idx) -> torch.Tensor:
+            return generate(model, idx, n_new, temperature=0, native=None if model is not pytorch_path else False)
+
         variants: dict[str, Callable[[], torch.Tensor]] = {
-            "ours fp32": lambda idx=idx: generate(ours_split, idx, n_new, temperature=0),
-            "ours fp32 (plain nn.Linear)": lambda idx=idx: generate(ours, idx, n_new, temperature=0),
-            "transformers fp32": lambda idx=idx: theirs.generate(
-                idx,
-                attention_mask=torch.ones_like(idx),
-                do_sample=False,
-                max_new_tokens=n_new,
-                min_new_tokens=n_new,
-                pad_token_id=50256,
-            ),
-            "ours bf16": lambda idx=idx: generate(ours_bf16, idx, n_new, temperature=0),
-            "ours int8 (bf16 act.)": lambda idx=idx: generate(ours_int8, idx, n_new, temperature=0),
+            name: (lambda model=model: ours_generate(model)) for name, model in models.items()
         }
+        variants["transformers fp32"] = lambda idx=idx: theirs.generate(
+            idx,
+            attention_mask=torch.ones_like(idx),
+            do_sample=False,
+            max_new_tokens=n_new,
+            min_new_tokens=n_new,
+            pad_token_id=50256,
+        )
         for name, fn in variants.items():  # warm-up (allocator, oneDNN kernels) and the outputs to compare
             outputs[name] = fn()
         runs = results["runs"].setdefault(f"B={batch_size}", {name: [] for name in variants})
@@ -182,12 +210,12 @@ def main() -> None:
                 tokens_per_s = batch_size * n_new / timed(fn)
                 runs[name].append(tokens_per_s)
                 print(f"B={batch_size} repeat {repeat}: {name:24s} {tokens_per_s:8.1f} tokens/s", flush=True)
-        results.setdefault("greedy identical to transformers", {})[f"B={batch_size}"] = bool(
-            torch.equal(outputs["ours fp32"], outputs["transformers fp32"])
-        )
+        results.setdefault("greedy identical to transformers", {})[f"B={batch_size}"] = {
+            name: bool(torch.equal(outputs[name], outputs["transformers fp32"]))
+            for name in ("ours fp32", "ours fp32, PyTorch path")
+        }
 
     bandwidth = sorted(results["bandwidth GB/s"])[len(results["bandwidth GB/s"]) // 2] * 1e9
-    models = {"ours fp32": ours_split, "ours bf16": ours_bf16, "ours int8 (bf16 act.)": ours_int8}
     print(
         f"\nread bandwidth (median): {bandwidth / 1e9:.1f} GB/s; all: "
         f"{', '.join(f'{b:.1f}' for b in results['bandwidth GB/s'])}"
@@ -201,7 +229,7 @@ def main() -> None:
         batch_size = int(batch_key[2:])
         for name, values in runs.items():
             ratios = [v / t for v, t in zip(values, runs["transformers fp32"], strict=False)]
-            model = models.get(name, ours)
+            model = models.get(name, ours)  # transformers: the same bytes as ours in fp32
             step_bytes = bytes_per_step(model, batch_size, context)
             limit = batch_size * bandwidth / step_bytes
             print(
@@ -215,8 +243,8 @@ def main() -> None:
     print("| batch | variant | ms/step | tokens/s | GB/s read | of bandwidth |")
     print("|---|---|---|---|---|---|")
     for batch_size in args.batch_sizes:
-        for name, model in {"ours fp32": ours_split, "ours fp32 (plain nn.Linear)": ours, **models}.items():
-            seconds = decode_step_seconds(model, batch_size, context)
+        for name, model in models.items():
+            seconds = decode_step_seconds(model, batch_size, context, native=model is not pytorch_path)
             achieved = bytes_per_step(model, batch_size, context) / seconds
             results.setdefault("decode step ms", {})[f"B={batch_size} {name}"] = seconds * 1e3
             print(
@@ -226,7 +254,8 @@ def main() -> None:
 
     if not args.skip_precision:
         tokens, source = evaluation_tokens(args.eval_tokens, ours.config.vocab_size)
-        report = precision_report(ours, {"bf16": ours_bf16, "int8": ours_int8}, tokens, args.greedy_tokens)
+        variants_of_precision = {p: shipped[p] for p in ("bfloat16", "int8", "int4")}
+        report = precision_report(ours, variants_of_precision, tokens, args.greedy_tokens)
         results["precision"] = {"tokens": source, "count": tokens.size(1), **report}
         print(f"\nprecision vs fp32 on {tokens.size(1)} {source} tokens (random weights):")
         print(json.dumps(report, indent=2))

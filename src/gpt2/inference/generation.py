@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from gpt2.inference.decoder import native_decoder
 from gpt2.inference.sampling import SamplingParams, sample_next_token
 from gpt2.inference.text import TextAssembler
 from gpt2.tokenizer.protocol import TextTokenizer
@@ -111,6 +112,7 @@ def stream(
     slide_by: int | None = None,
     vocab_limit: int | None = None,
     compile: bool = False,
+    native: bool | None = None,
 ) -> Iterator[torch.Tensor]:
     """Yield the next token of every row, (B,) long, one step at a time.
 
@@ -123,6 +125,9 @@ def stream(
     slide_by: k, the re-prefill on a full cache keeps block_size - k tokens (module docstring).
     vocab_limit: never draw ids >= this (a model whose vocabulary was padded beyond its tokenizer's).
     compile: torch.compile the one-token decode step (worth it on GPU; the first call compiles).
+    native: run decode steps in the native decoder (gpt2.inference.decoder; same logits within rounding): None
+    uses it where it can run the model (a CPU model in eval mode with readable layers, kernels built), True
+    requires it, False never uses it. Prefills always run the model.
 
     Call `model.eval()` first: dropout in training mode would make the samples noisy.
     """
@@ -177,6 +182,12 @@ def stream(
     decode_step: Callable[..., Any] = model.forward
     if compile:
         decode_step = torch.compile(model.forward, dynamic=True)
+    decoder = native_decoder(model) if native is not False and not compile else None
+    if native and decoder is None:
+        raise ValueError(
+            "native decoding cannot run this model (it needs a CPU model in eval mode with float32/bfloat16 "
+            "nn.Linear or PackedLinear layers, and the native kernels built); pass native=None or False"
+        )
 
     # prefill: the whole prompt (at most block_size columns) in one pass
     logits = _prefill(model, tokens, mask, start=0, end=T, cache=cache)
@@ -209,9 +220,13 @@ def stream(
             continue
         # decode: feed the token just drawn at the next position; (B, 1, V) -> last logits (B, V)
         step_mask = mask[:, window_start:n] if mask is not None else None
-        logits = decode_step(
-            tokens[:, n - 1 : n], attention_mask=step_mask, position_ids=positions, kv_cache=cache, validate=False
-        ).logits[:, -1]
+        if decoder is not None:
+            step_positions = positions.view(B) if positions is not None else None
+            logits = decoder.step(tokens[:, n - 1], cache, positions=step_positions, key_mask=step_mask)
+        else:
+            logits = decode_step(
+                tokens[:, n - 1 : n], attention_mask=step_mask, position_ids=positions, kv_cache=cache, validate=False
+            ).logits[:, -1]
         if positions is not None:
             positions = positions + 1
 

@@ -2,13 +2,18 @@
 place, keeps the model's outputs (tested), and leaves a model that can no longer be trained.
 
 Decoding one token reads every weight once (~500 MB in fp32 for the 124M model), so at small batch sizes a CPU
-decodes at memory-bandwidth speed, and two things set the pace: how many cores stream the weights, and how
+decodes at memory-bandwidth speed, and two things set the pace: how fast the kernels stream the weights, and how
 many bytes each weight takes.
 
+`prepare_for_inference(model, precision)` picks the fastest correct form. Where the native kernels build
+(gpt2.inference.kernels; a C++ compiler is all they need), float32 keeps plain nn.Linear layers, bfloat16, int8
+and int4 become `NativeLinear`, and decode steps run in the native decoder (gpt2.inference.decoder). Elsewhere it
+falls back to these PyTorch layouts, which compute the same thing more slowly:
+
 - `SplitLinear` (fp32, `optimize_for_inference(model)`): a one-row input turns each layer into a matrix-vector
-  product, which torch's CPU BLAS runs on a single core (~20 GB/s here, half of what two cores read). Storing
-  W^T as `parts` column blocks (parts, in, out/parts) and multiplying with one batched matmul gives every core
-  its own block to stream. Same arithmetic per output element, so the logits are unchanged.
+  product, which torch's CPU BLAS may run on a single core. Storing W^T as `parts` column blocks (parts, in,
+  out/parts) and multiplying with one batched matmul gives every core its own block to stream. Same arithmetic
+  per output element, so the logits are unchanged.
 - `Int8Linear` (`quantize_int8(model)`): each weight as int8 with one scale per output row (symmetric, absmax /
   127), activations in bfloat16 (what torch's CPU int8 kernel is fast with): a quarter of the bytes. Embeddings,
   LayerNorms and biases stay as they are. The accuracy cost is measured in benchmarks/bench_generate.py.
@@ -17,7 +22,8 @@ many bytes each weight takes.
   (`aten._weight_int4pack_mm_for_cpu`), bfloat16 activations: 5 bits a weight with the scales, as llama.cpp's
   q4_0 takes 4.5.
 
-In both, the tied LM head gets its own copy in the new layout while `wte` keeps serving the embedding lookups.
+In all of them, the tied LM head gets its own copy in the new layout while `wte` keeps serving the embedding
+lookups.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from typing import TypeVar
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from gpt2.inference.kernels import BLOCK, NativeLinear, kernels_available
 
 INT8_MAX = 127
 INT8_LARGE_WEIGHT = 2**23  # elements: beyond this (the LM head), dequantizing costs more (Int8Linear)
@@ -239,27 +247,45 @@ def optimize_for_inference(model: nn.Module, *, parts: int | None = None) -> nn.
 
 
 PRECISIONS = ("float32", "bfloat16", "float16", "int8", "int4")
-"""What `prepare_for_inference` accepts: float32 (split layout on CPU), bfloat16/float16 (weights cast), int8
-(int8 weights, bfloat16 activations), int4 (4-bit weights in groups of 32, bfloat16 activations; CPU only)."""
+"""What `prepare_for_inference` accepts: float32, bfloat16/float16 (weights cast), int8 (int8 weights), int4 (4-bit
+weights in groups of 32, asymmetric; CPU only)."""
+
+
+def pack_weights(model: nn.Module, precision: str) -> nn.Module:
+    """Cast `model` to bfloat16 and replace every nn.Linear (LM head included) by a `NativeLinear` holding
+    bfloat16, int8 or int4 weights for the native kernels, in place. CPU only, for inference only. Returns the
+    model."""
+    model.to(torch.bfloat16)
+    return _replace_linears(model, lambda linear: NativeLinear.from_linear(linear, precision))
 
 
 def prepare_for_inference(model: M, precision: str = "float32") -> M:
     """The fastest correct inference form of `model` at `precision` (in place; returns it in eval mode), as
-    `gpt2 sample` and the server use it. float16 on a CPU is refused: it is slow or unsupported there."""
+    `gpt2 sample`, the server and `gpt2 eval --dtype` use it (module docstring). float16 on a CPU is refused: it
+    is slow or unsupported there."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
     device = next(model.parameters()).device
     if precision == "float16" and device.type == "cpu":
         raise ValueError("float16 is slow or unsupported on CPU; use bfloat16 or int8 there")
     if precision == "int4" and device.type != "cpu":
-        raise ValueError(f"int4 is a CPU layout (torch's CPU int4 kernel); on {device.type} use bfloat16 or int8")
+        raise ValueError(f"int4 is a CPU layout; on {device.type} use bfloat16 or int8")
     model.eval()
-    if precision == "int8":
+    native = device.type == "cpu" and _all_linears_packable(model) and kernels_available()
+    if native and precision != "float32":
+        pack_weights(model, precision)
+    elif precision == "int8":
         quantize_int8(model)
     elif precision == "int4":
         quantize_int4(model)
     elif precision == "float32":
-        optimize_for_inference(model)  # same logits; all cores stream the weights
+        if not native:
+            optimize_for_inference(model)  # same logits; all cores stream the weights
     else:
         model.to(torch.bfloat16 if precision == "bfloat16" else torch.float16)
     return model
+
+
+def _all_linears_packable(model: nn.Module) -> bool:
+    """The native kernels read inputs in blocks of 32: every linear layer needs in_features divisible by 32."""
+    return all(module.in_features % BLOCK == 0 for module in model.modules() if isinstance(module, nn.Linear))

@@ -13,7 +13,8 @@ to the rounding of the batched reductions.
 
 - join: the prompt is prefilled alone (B=1) straight into its row's columns [L - P, L); when P > L, the rows
   already there first move right by P - L. join_many: several prompts in one left-padded prefill, likewise.
-- step: one forward of the B pending tokens (B, 1), each with its row's mask and position.
+- step: one forward of the B pending tokens (B, 1), each with its row's mask and position (in the native decoder,
+  gpt2.inference.decoder, where it can run the model).
 - Room: a step needs column L free. When L reaches block_size, or the padding every row shares grows past a
   quarter of the width, all rows move left by that shared padding (one copy of the active cache, which costs
   about as much as the attention of a step or two reads anyway).
@@ -28,6 +29,7 @@ from collections.abc import Sequence
 
 import torch
 
+from gpt2.inference.decoder import native_decoder
 from gpt2.model import GPT, KVCache
 
 # Move the rows left when the padding all of them share reaches this fraction of the width (see the docstring).
@@ -46,6 +48,7 @@ class DecodeBatch:
         if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
             raise ValueError(f"max_rows must be an integer >= 1, got {max_rows!r}")
         self.model = model
+        self.decoder = native_decoder(model)  # None: steps run the model
         self.block_size = model.config.block_size
         storage = model.new_kv_cache(max_rows, max_len=self.block_size)
         self._k, self._v = storage.k, storage.v  # (n_layer, R, nh, block_size, hs)
@@ -137,14 +140,18 @@ class DecodeBatch:
         self._mask[:B, L] = 1
         mask = self._mask[:B, : L + 1]  # (B, L + 1)
         cache = KVCache(self._k[:, :B], self._v[:, :B], length=L)
-        logits = self.model(
-            tokens.view(B, 1).to(self._k.device),
-            # no padding at all (one row, or rows of equal length): the plain causal path, as a lone sequence
-            attention_mask=None if bool(mask.all()) else mask,
-            position_ids=self._lengths[:B].view(B, 1),
-            kv_cache=cache,
-            validate=False,
-        ).logits[:, -1]  # (B, V)
+        # no padding at all (one row, or rows of equal length): the plain causal path, as a lone sequence
+        key_mask = None if bool(mask.all()) else mask
+        if self.decoder is not None:
+            logits = self.decoder.step(tokens, cache, positions=self._lengths[:B], key_mask=key_mask)  # (B, V)
+        else:
+            logits = self.model(
+                tokens.view(B, 1).to(self._k.device),
+                attention_mask=key_mask,
+                position_ids=self._lengths[:B].view(B, 1),
+                kv_cache=cache,
+                validate=False,
+            ).logits[:, -1]  # (B, V)
         self._lengths[:B] += 1
         self.width = L + 1
         return logits

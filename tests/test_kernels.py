@@ -1,0 +1,320 @@
+"""Native CPU kernels: every weight format's product is the linear layer of the weights it stands for; the native
+decode step computes what the model's forward computes; generation, the server's batch and `prepare_for_inference`
+use them, and fall back to the PyTorch layouts where they cannot."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gpt2.inference.layouts as layouts
+from gpt2.config import GPTConfig
+from gpt2.inference import Int4Linear, Int8Linear, SplitLinear, prepare_for_inference, stream
+from gpt2.inference.decoder import native_decoder
+from gpt2.inference.generation import left_pad
+from gpt2.inference.kernels import (
+    KIND,
+    MANY_ROWS,
+    SOURCE,
+    NativeLinear,
+    kernels_available,
+    native_linear,
+    pack_int4,
+    pack_int8,
+    unpack_int4,
+    unpack_int8,
+)
+from gpt2.model import GPT, KVCache
+from gpt2.serve.batch import DecodeBatch
+
+SEED = 1234
+PRECISIONS = ["float32", "bfloat16", "int8", "int4"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def native_kernels() -> None:
+    """These tests need the kernels built; under CI (which has a C++ compiler) not building them is a failure."""
+    if not kernels_available():
+        message = "the native CPU kernels did not build here (they need a C++ compiler; see the log line)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def random_gpt(*, n_embd: int = 64, block_size: int = 64, vocab_size: int = 300) -> GPT:
+    """A tiny GPT with weights large enough (std 0.1) that near-ties in argmax are rare."""
+    torch.manual_seed(SEED)
+    model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=n_embd, vocab_size=vocab_size, block_size=block_size))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() > 1:
+                parameter.normal_(0.0, 0.1)
+    return model.eval()
+
+
+def reference_weight(layer: torch.nn.Linear, precision: str) -> torch.Tensor:
+    """The float32 weight a layer packed at `precision` stands for, computed in Python."""
+    if precision == "float32":
+        return layer.weight.detach()
+    if precision == "bfloat16":
+        return layer.weight.detach().bfloat16().float()
+    if precision == "int8":
+        return unpack_int8(*pack_int8(layer.weight), layer.out_features)
+    return unpack_int4(*pack_int4(layer.weight), layer.out_features)
+
+
+def stored(layer: torch.nn.Linear, precision: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if precision == "float32":
+        return layer.weight.detach(), None
+    if precision == "bfloat16":
+        return layer.weight.detach().bfloat16(), None
+    return (pack_int8 if precision == "int8" else pack_int4)(layer.weight)
+
+
+# ------------------------------------------------------------------------------------------ products
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 17])
+@pytest.mark.parametrize("shape", [(96, 64), (301, 128)])  # (out, in): 301 rows leave a partial tile
+def test_each_format_computes_the_linear_layer_of_its_weights(precision: str, rows: int, shape: tuple) -> None:
+    torch.manual_seed(SEED)
+    layer = torch.nn.Linear(shape[1], shape[0])
+    x = torch.randn(rows, shape[1])
+    weight, scale = stored(layer, precision)
+    y = native_linear(x, weight, scale, layer.bias.detach(), KIND[precision], shape[0])
+    # bfloat16 multiplies activations rounded to bfloat16; int8 / int4 quantize them to int16 in blocks of 32
+    inputs = x.bfloat16().float() if precision == "bfloat16" else x
+    expected = F.linear(inputs, reference_weight(layer, precision), layer.bias)
+    tolerance = 1e-5 if precision in ("float32", "bfloat16") else 2e-4  # int16 activations: <= 1/65534 a block
+    torch.testing.assert_close(y, expected, atol=tolerance * expected.abs().max().item(), rtol=0)
+
+
+@pytest.mark.parametrize("precision", ["bfloat16", "int8", "int4"])
+def test_many_rows_multiply_by_the_dequantized_weight(precision: str) -> None:
+    torch.manual_seed(SEED)
+    layer = NativeLinear.from_linear(torch.nn.Linear(64, 96), precision)
+    x = torch.randn(2, MANY_ROWS // 2 + 1, 64)  # (B, T, in) with B * T >= MANY_ROWS
+    torch.testing.assert_close(layer(x), layer.reference_forward(x), atol=1e-5, rtol=1e-5)
+    few = x[:1, :5]
+    inputs = few.bfloat16().float() if precision == "bfloat16" else few
+    torch.testing.assert_close(layer(few), layer.reference_forward(inputs), atol=1e-3, rtol=1e-3)
+
+
+def test_a_layer_keeps_its_inputs_dtype() -> None:
+    layer = NativeLinear.from_linear(torch.nn.Linear(64, 32), "int8")
+    assert layer(torch.randn(3, 64, dtype=torch.bfloat16)).dtype == torch.bfloat16
+    assert layer(torch.randn(3, 64)).shape == (3, 32)
+
+
+def test_int8_packing_gives_each_weight_back_within_half_a_step() -> None:
+    torch.manual_seed(SEED)
+    weight = torch.randn(40, 64)
+    tiles, scale = pack_int8(weight)
+    assert tiles.shape == (3, 32, 16, 2) and tiles.dtype == torch.int8  # 40 rows padded to 3 tiles of 16
+    error = (unpack_int8(tiles, scale, 40) - weight).abs()
+    assert (error <= scale[:40, None] / 2 + 1e-7).all()
+
+
+def test_int4_packing_gives_each_weight_back_within_half_a_step() -> None:
+    torch.manual_seed(SEED)
+    weight = torch.randn(40, 64)
+    codes, params = pack_int4(weight)
+    assert codes.shape == (3, 2, 8, 16, 2) and codes.dtype == torch.uint8 and params.dtype == torch.float16
+    scale = params[:, :, 0].float().permute(0, 2, 1).reshape(48, 2)[:40]  # (rows, groups)
+    step = scale.repeat_interleave(32, dim=1)  # (rows, in)
+    error = (unpack_int4(codes, params, 40) - weight).abs()
+    # half a step, plus what rounding the scale and minimum to float16 moves the range by
+    assert (error <= step / 2 + 2**-10 * (weight.abs().amax() + 15 * step)).all()
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_the_kernels_read_the_layout_the_packer_writes(precision: str) -> None:
+    torch.manual_seed(SEED)
+    layer = NativeLinear.from_linear(torch.nn.Linear(96, 301), precision)
+    unpack = unpack_int8 if precision == "int8" else unpack_int4
+    assert torch.equal(layer.dequantized_weight(), unpack(layer.weight_packed, layer.scale, 301))
+
+
+def test_two_threads_compute_what_one_thread_computes() -> None:
+    torch.manual_seed(SEED)
+    layer = torch.nn.Linear(128, 301)
+    x = torch.randn(3, 128)
+    results = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        results.append([native_linear(x, *stored(layer, p), layer.bias.detach(), KIND[p], 301) for p in PRECISIONS])
+    for one, two in zip(*results, strict=True):
+        assert torch.equal(one, two)  # each output is one thread's sum, in the same order
+
+
+def test_inputs_in_blocks_of_32_are_required() -> None:
+    with pytest.raises(ValueError, match="divisible by 32"):
+        NativeLinear.from_linear(torch.nn.Linear(48, 8), "int8")
+
+
+# ------------------------------------------------------------------------------------------ the decode step
+def step_inputs(model: GPT, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor, KVCache, torch.Tensor]:
+    """Left-padded prompts prefilled into a cache; the next token of each row, its position and the key mask."""
+    generator = torch.Generator().manual_seed(SEED)
+    rows = [torch.randint(0, 300, (n,), generator=generator).tolist() for n in lengths]
+    idx, mask = left_pad(rows, pad_token_id=0)
+    cache = model.new_kv_cache(len(rows), max_len=idx.shape[1] + 1)
+    with torch.no_grad():
+        model.hidden_states(idx, attention_mask=mask, kv_cache=cache, validate=False)
+    tokens = torch.randint(0, 300, (len(rows),), generator=generator)
+    key_mask = torch.cat([mask, torch.ones(len(rows), 1, dtype=torch.long)], dim=1)
+    return tokens, key_mask, cache, mask.sum(dim=1)
+
+
+def test_native_step_equals_the_model_forward_on_a_left_padded_batch() -> None:
+    model = random_gpt()
+    tokens, key_mask, cache, positions = step_inputs(model, [7, 3, 12])
+    theirs = copy.deepcopy(cache)
+    with torch.no_grad():
+        expected = model(
+            tokens.view(3, 1), attention_mask=key_mask, position_ids=positions.view(3, 1), kv_cache=theirs
+        ).logits[:, -1]
+    decoder = native_decoder(model)
+    assert decoder is not None
+    logits = decoder.step(tokens, cache, positions=positions, key_mask=key_mask)
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
+    assert cache.length == theirs.length == 13
+    torch.testing.assert_close(cache.k, theirs.k, atol=1e-6, rtol=1e-6)  # the new column written the same
+    torch.testing.assert_close(cache.v, theirs.v, atol=1e-6, rtol=1e-6)
+
+
+def test_native_step_at_position_1000_equals_the_model_forward() -> None:
+    model = random_gpt(block_size=1024)
+    tokens, _, cache, _ = step_inputs(model, [1000])
+    theirs = copy.deepcopy(cache)
+    with torch.no_grad():
+        expected = model(tokens.view(1, 1), kv_cache=theirs).logits[:, -1]
+    logits = native_decoder(model).step(tokens, cache)  # type: ignore[union-attr]
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("precision", ["bfloat16", "int8", "int4"])
+def test_native_step_of_each_precision_is_the_float32_model_of_its_weights(precision: str) -> None:
+    """What the step computes at a precision: the float32 model holding the weights that precision stores (and
+    the same cached keys and values), up to rounding the step's activations (bfloat16 at products' inputs and
+    in the cache, or int16 blocks)."""
+    model = prepare_for_inference(random_gpt(), precision)
+    reference = random_gpt()  # float32, every weight replaced by what the prepared model stores
+    with torch.no_grad():
+        for (name, ours), (_, theirs) in zip(model.named_modules(), reference.named_modules(), strict=True):
+            if isinstance(ours, NativeLinear):
+                theirs.weight = torch.nn.Parameter(ours.dequantized_weight().contiguous())
+            elif hasattr(ours, "weight") and not name.endswith("lm_head"):
+                theirs.weight.copy_(ours.weight.float())
+            if getattr(ours, "bias", None) is not None:
+                theirs.bias.copy_(ours.bias.float())
+    tokens, key_mask, cache, positions = step_inputs(reference, [9, 4])
+    cache.k, cache.v = cache.k.bfloat16().float(), cache.v.bfloat16().float()  # what a bfloat16 cache holds
+    ours_cache = KVCache(cache.k.bfloat16(), cache.v.bfloat16(), length=cache.length)
+    with torch.no_grad():
+        expected = reference(
+            tokens.view(2, 1), attention_mask=key_mask, position_ids=positions.view(2, 1), kv_cache=cache
+        ).logits[:, -1]
+    logits = native_decoder(model).step(tokens, ours_cache, positions=positions, key_mask=key_mask)  # type: ignore[union-attr]
+    tolerance = 2e-2 if precision == "bfloat16" else 5e-3
+    torch.testing.assert_close(logits, expected, atol=tolerance * expected.abs().max().item(), rtol=0)
+
+
+def test_greedy_generation_is_the_same_with_and_without_native_steps() -> None:
+    """A left-padded batch decoding past the context, so the window slides and re-prefills too."""
+    model = random_gpt(block_size=32)
+    idx, mask = left_pad([[5, 6, 7, 8, 9], [10, 11], [3] * 20], pad_token_id=0)
+    runs = [
+        torch.stack(list(stream(model, idx, 40, temperature=0, attention_mask=mask, slide_by=8, native=native)))
+        for native in (True, False)
+    ]
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_native_true_refuses_a_model_it_cannot_run() -> None:
+    model = random_gpt().train()
+    with pytest.raises(ValueError, match="native decoding cannot run this model"):
+        next(stream(model, torch.tensor([[1, 2]]), 2, native=True))
+
+
+def test_server_batch_steps_natively_and_agrees_with_the_model() -> None:
+    model = random_gpt()
+    native, plain = DecodeBatch(model, max_rows=3), DecodeBatch(model, max_rows=3)
+    plain.decoder = None
+    assert native.decoder is not None
+    for batch in (native, plain):
+        for prompt in ([1, 2, 3], [4, 5, 6, 7, 8, 9], [10]):
+            batch.join(prompt)
+    tokens = torch.tensor([11, 12, 13])
+    for _ in range(3):
+        torch.testing.assert_close(native.step(tokens), plain.step(tokens), atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------ choosing a form
+@pytest.mark.parametrize(
+    ("precision", "layer", "dtype"),
+    [
+        ("float32", torch.nn.Linear, torch.float32),
+        ("bfloat16", NativeLinear, torch.bfloat16),
+        ("int8", NativeLinear, torch.bfloat16),
+        ("int4", NativeLinear, torch.bfloat16),
+    ],
+)
+def test_prepare_for_inference_uses_the_native_forms(precision: str, layer: type, dtype: torch.dtype) -> None:
+    model = prepare_for_inference(random_gpt(), precision)
+    assert type(model.transformer.h[0].mlp.c_fc) is layer and type(model.lm_head) is layer
+    assert model.transformer.wte.weight.dtype == dtype
+    assert native_decoder(model) is not None
+
+
+@pytest.mark.parametrize(("precision", "layer"), [("float32", SplitLinear), ("int8", Int8Linear), ("int4", Int4Linear)])
+def test_without_the_kernels_prepare_falls_back_to_the_pytorch_layouts(
+    precision: str, layer: type, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(layouts, "kernels_available", lambda: False)
+    model = prepare_for_inference(random_gpt(), precision)
+    assert type(model.transformer.h[0].mlp.c_fc) is layer
+
+
+def test_a_model_with_inputs_outside_blocks_of_32_keeps_the_pytorch_layouts() -> None:
+    model = prepare_for_inference(random_gpt(n_embd=48), "int8")  # 48 inputs: not whole blocks of 32
+    assert type(model.lm_head) is Int8Linear
+    assert native_decoder(model) is None
+
+
+# ------------------------------------------------------------------------------------------ portable build
+@pytest.mark.slow
+def test_portable_build_computes_what_this_cpus_build_computes(tmp_path: Path) -> None:
+    """The same source without AVX-512 (the plain C++ paths other CPUs run), loaded under another namespace."""
+    from torch.utils.cpp_extension import load
+
+    load(
+        name="gpt2_portable_test",
+        sources=[str(SOURCE)],
+        extra_cflags=["-O2", "-march=x86-64-v2", "-fopenmp", "-DGPT2_OPS=gpt2_portable"],
+        build_directory=str(tmp_path),
+        is_python_module=False,
+    )
+    portable = torch.ops.gpt2_portable
+    torch.manual_seed(SEED)
+    layer = torch.nn.Linear(128, 301)
+    x = torch.randn(5, 128)
+    for precision in PRECISIONS:
+        weight, scale = stored(layer, precision)
+        arguments = (weight, scale, layer.bias.detach(), KIND[precision], 301)
+        torch.testing.assert_close(portable.linear(x, *arguments), native_linear(x, *arguments), atol=1e-5, rtol=1e-5)
+        if precision in ("int8", "int4"):
+            dequantized = (weight, scale, KIND[precision], 128, 301, torch.float32)
+            assert torch.equal(portable.dequantize(*dequantized), torch.ops.gpt2.dequantize(*dequantized))
+    model = random_gpt()
+    tokens, key_mask, cache, positions = step_inputs(model, [7, 3])
+    theirs = copy.deepcopy(cache)
+    logits = native_decoder(model, library="gpt2_portable").step(  # type: ignore[union-attr]
+        tokens, cache, positions=positions, key_mask=key_mask
+    )
+    expected = native_decoder(model).step(tokens, theirs, positions=positions, key_mask=key_mask)  # type: ignore[union-attr]
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
