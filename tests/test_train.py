@@ -564,3 +564,24 @@ def test_init_from_refuses_a_block_size_beyond_the_model_context(tmp_path):
     config = tiny_config(tmp_path, init_from=str(tmp_path / "p"), block_size=16)
     with pytest.raises(ValueError, match=r"block_size=16 exceeds the context of init_from .* \(8 positions\)"):
         train(config)
+
+
+@pytest.mark.parametrize(
+    ("vendor", "amx", "avx512_bf16", "expected"),
+    [
+        ("GenuineIntel", True, True, torch.bfloat16),  # AMX tiles: bf16 matmuls several times fp32's speed
+        ("AuthenticAMD", False, True, torch.bfloat16),  # AVX512-BF16 on AMD: 2.8x at 124M (docs/benchmarks.md)
+        ("GenuineIntel", False, True, torch.float32),  # AVX512-BF16 without AMX on Intel: bf16 was 0.6x
+        ("AuthenticAMD", False, False, torch.float32),
+    ],
+)
+def test_auto_dtype_on_cpu_is_bf16_only_where_it_trains_faster(
+    vendor: str, amx: bool, avx512_bf16: bool, expected: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gpt2.runtime.device as device
+
+    monkeypatch.setattr(device, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)
+    assert device.resolve_dtype("auto", torch.device("cpu")) == expected
+    assert device.resolve_dtype("float32", torch.device("cpu")) == torch.float32  # an explicit choice stands

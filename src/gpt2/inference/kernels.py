@@ -30,6 +30,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gpt2.runtime.device import cpu_has_amx
+
 SOURCE = Path(__file__).resolve().parent / "csrc" / "cpu_decode.cpp"
 DISABLE_VARIABLE = "GPT2_NATIVE_KERNELS"  # set to 0 to use the PyTorch layouts only
 TILE = 16  # output rows per tile of the packed formats
@@ -218,12 +220,7 @@ class NativeLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.precision} (native)"
 
 
-@functools.cache
 def many_rows_dtype() -> torch.dtype:
     """The dtype of prefill matrix products over dequantized weights: bfloat16 where the CPU has AMX tiles for it
     (several times float32's speed there), else float32 (AVX-512 or AVX2 multiply float32 fastest)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return torch.float32
-    return torch.bfloat16 if " amx_bf16" in flags else torch.float32
+    return torch.bfloat16 if cpu_has_amx() else torch.float32

@@ -125,7 +125,7 @@ class TrainConfig:
     """'auto' (CUDA when present, else CPU), or a torch device string such as 'cpu' or 'cuda:0'."""
     dtype: DtypeName = "auto"
     """Autocast dtype: 'auto' = bfloat16 on CUDA when supported (float16 + GradScaler otherwise); on a CPU
-    bfloat16 when it has native bf16 instructions (AVX512-BF16, AMX), else float32. Parameters and optimizer
+    bfloat16 where its bf16 matmuls beat float32 (AMX, or AVX512-BF16 on AMD), else float32. Parameters and optimizer
     state stay float32."""
     compile: bool = False
     """torch.compile the model for training steps."""
