@@ -1,7 +1,8 @@
 """Fine-tuning throughput and peak memory: ours (the Trainer step `gpt2 finetune` runs) vs transformers (a plain
 loop: forward with labels, backward, clip, the same fused AdamW, zero), full fine-tuning and LoRA (ours vs PEFT),
 GPT-2 124M shape, CPU, float32; plus ours as `gpt2 finetune` ships (dtype "auto": bf16 autocast on a CPU with
-native bf16, float32 elsewhere), against transformers as it ships (float32).
+bf16 matmuls faster than fp32: AMX, or AVX512-BF16 on AMD; float32 elsewhere), against transformers as it
+ships (float32).
 
 Each case runs in its own process, so its peak resident memory (VmHWM) is its own; the figure reported is
 the peak minus the resident memory after the model is loaded and before the first step (what training adds:

@@ -92,6 +92,38 @@ def test_residuals_equal_transformers_hidden_states(model: GPT, idx: torch.Tenso
     torch.testing.assert_close(cache["blocks.0.hook_resid_pre"], cache["hook_embed"] + cache["hook_pos_embed"])
 
 
+def test_transformer_lens_caches_the_same_activations_under_the_same_names(
+    model: GPT, idx: torch.Tensor, tmp_path: Path
+) -> None:
+    """TransformerLens itself (its TransformerBridge over transformers' model, raw weights, no weight processing)
+    on the same weights: every name we cache is one of its names, with the same shape and values.
+
+    Two differences of TransformerLens 4 from its HookedTransformer, whose meaning we keep: a LayerNorm's
+    `hook_normalized` was its output, gain and bias applied (`x * w + b`), which the bridge now calls `hook_out`
+    (its `hook_normalized` is the value before the gain); masked attention scores were -inf, the bridge reports
+    float32's minimum (transformers' eager attention). Both compared as such."""
+    transformers = pytest.importorskip("transformers")
+    bridge_module = pytest.importorskip("transformer_lens.model_bridge")
+    save_pretrained(model, tmp_path / "tiny")
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "tiny", attn_implementation="eager").eval()
+    bridge = bridge_module.TransformerBridge.boot_transformers(str(tmp_path / "tiny"), device="cpu", hf_model=hf)
+    with torch.no_grad():
+        theirs_logits, theirs = bridge.run_with_cache(idx)
+        logits, ours = run_with_cache(model, idx)
+    torch.testing.assert_close(logits, theirs_logits, atol=ATOL, rtol=0)
+    assert set(ours) == set(hook_names(model.config.n_layer))
+    for name, value in ours.items():
+        expected = theirs[name.replace("hook_normalized", "hook_out")]
+        assert value.shape == expected.shape, name
+        if name.endswith("hook_attn_scores"):
+            causal = torch.ones(idx.shape[1], idx.shape[1], dtype=torch.bool).tril()
+            torch.testing.assert_close(value[..., causal], expected[..., causal], atol=ATOL, rtol=0)
+            assert (value[..., ~causal] == float("-inf")).all()
+            assert (expected[..., ~causal] <= torch.finfo(torch.float32).min).all()
+        else:
+            torch.testing.assert_close(value, expected, atol=ATOL, rtol=0, msg=name)
+
+
 def test_every_activation_has_its_documented_shape(model: GPT, idx: torch.Tensor) -> None:
     B, T = idx.shape
     C, nh = model.config.n_embd, model.config.n_head

@@ -151,6 +151,15 @@ def test_two_threads_compute_what_one_thread_computes() -> None:
         assert torch.equal(one, two)  # each output is one thread's sum, in the same order
 
 
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_weights_that_do_not_hold_the_layer_are_refused(precision: str) -> None:
+    weight, scale = stored(torch.nn.Linear(64, 40), precision)
+    with pytest.raises(RuntimeError, match="does not hold 56 x 64"):  # claims 56 outputs, holds 40 (48 padded)
+        native_linear(torch.randn(2, 64), weight, scale, None, KIND[precision], 56)
+    with pytest.raises(RuntimeError, match="bias must hold 40"):
+        native_linear(torch.randn(2, 64), weight, scale, torch.zeros(39), KIND[precision], 40)
+
+
 def test_inputs_in_blocks_of_32_are_required() -> None:
     with pytest.raises(ValueError, match="divisible by 32"):
         NativeLinear.from_linear(torch.nn.Linear(48, 8), "int8")

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 import torch.nn as nn
 
-from gpt2.inference.kernels import BLOCK, KIND, NativeLinear, kernels_available
+from gpt2.inference.kernels import BLOCK, KIND, NativeLinear, kernels_available, native_ops
 
 if TYPE_CHECKING:
     from gpt2.model import GPT, Block, KVCache
@@ -38,6 +38,7 @@ class NativeDecoder:
                 norms += [norm.weight.detach(), _bias_or_zeros(norm.bias, config.n_embd)]
         norms += [transformer.ln_f.weight.detach(), _bias_or_zeros(transformer.ln_f.bias, config.n_embd)]
         weights, scales, biases, kinds, outs = (list(column) for column in zip(*linears, strict=True))
+        native_ops()  # the kernels loaded, or a clear error
         self.vocab_size = config.vocab_size
         self._decoder = getattr(torch.classes, library).Decoder(
             config.n_head,

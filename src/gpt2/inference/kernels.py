@@ -101,7 +101,17 @@ def native_linear(
     out_features: int,
 ) -> torch.Tensor:
     """y = x W^T + b by the native product for the format `kind`; x (..., in) -> (..., out) float32."""
-    return torch.ops.gpt2.linear(x, weight, scale, bias, kind, out_features)
+    return native_ops().linear(x, weight, scale, bias, kind, out_features)
+
+
+def native_ops() -> torch._ops._OpNamespace:
+    """`torch.ops.gpt2`, the kernels loaded (built on first use); a clear error where they cannot be."""
+    if not kernels_available():
+        raise RuntimeError(
+            "the native CPU kernels are not available on this machine (the log line above says why); "
+            "use the PyTorch layouts: gpt2.inference.prepare_for_inference falls back to them"
+        )
+    return torch.ops.gpt2
 
 
 # ------------------------------------------------------------------------------------------ packing
@@ -209,7 +219,7 @@ class NativeLinear(nn.Module):
         """The (out, in) weight the stored values stand for, in `dtype` (for int8 / int4 a transposed view of a
         contiguous (in, out) matrix, which matrix products read as it is)."""
         kind, size = self.kind, (self.in_features, self.out_features)
-        weight = torch.ops.gpt2.dequantize(self.weight_packed, self.scale, kind, *size, dtype)
+        weight = native_ops().dequantize(self.weight_packed, self.scale, kind, *size, dtype)
         return weight if self.precision == "bfloat16" else weight.t()
 
     def reference_forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -33,6 +33,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -170,7 +171,8 @@ struct Output {
   }
 };
 
-// F32 and BF16: row-major weights, 4 rows at a time, a horizontal sum per row at the end.
+// F32 and BF16: row-major weights (W = float or the bfloat16 bits as uint16_t), 4 rows at a time, a
+// horizontal sum per row at the end. xf: the activations (F32); xb: the activations rounded to bfloat16 (BF16).
 template <typename W>
 static void rowmajor_product(const W* w, const float* xf, const uint16_t* xb, int64_t N, int64_t K, int64_t O,
                              const Output& out) {
@@ -186,10 +188,10 @@ static void rowmajor_product(const W* w, const float* xf, const uint16_t* xb, in
           __m512 acc[R][MAX_ROWS];
           for (int64_t r = 0; r < R; r++)
             for (int64_t n = 0; n < MAX_ROWS; n++) acc[r][n] = _mm512_setzero_ps();
-          if constexpr (sizeof(W) == 4) {
+          if constexpr (std::is_same_v<W, float>) {
             for (int64_t k = 0; k < K; k += 16) {
               __m512 wv[R];
-              for (int64_t r = 0; r < R; r++) wv[r] = _mm512_loadu_ps(reinterpret_cast<const float*>(w) + (o0 + r) * K + k);
+              for (int64_t r = 0; r < R; r++) wv[r] = _mm512_loadu_ps(w + (o0 + r) * K + k);
               for (int64_t n = 0; n < ns; n++) {
                 const __m512 xv = _mm512_loadu_ps(xf + (n0 + n) * K + k);
                 for (int64_t r = 0; r < R; r++) acc[r][n] = _mm512_fmadd_ps(wv[r], xv, acc[r][n]);
@@ -200,7 +202,7 @@ static void rowmajor_product(const W* w, const float* xf, const uint16_t* xb, in
 #ifdef __AVX512BF16__
               __m512i wv[R];
               for (int64_t r = 0; r < R; r++)
-                wv[r] = _mm512_loadu_si512(reinterpret_cast<const uint16_t*>(w) + (o0 + r) * K + k);
+                wv[r] = _mm512_loadu_si512(w + (o0 + r) * K + k);
               for (int64_t n = 0; n < ns; n++) {
                 const __m512i xv = _mm512_loadu_si512(xb + (n0 + n) * K + k);
                 for (int64_t r = 0; r < R; r++)
@@ -210,8 +212,7 @@ static void rowmajor_product(const W* w, const float* xf, const uint16_t* xb, in
               for (int64_t half = 0; half < 32; half += 16) {
                 __m512 wv[R];
                 for (int64_t r = 0; r < R; r++) {
-                  const __m256i raw = _mm256_loadu_si256(
-                      reinterpret_cast<const __m256i*>(reinterpret_cast<const uint16_t*>(w) + (o0 + r) * K + k + half));
+                  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + (o0 + r) * K + k + half));
                   wv[r] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
                 }
                 for (int64_t n = 0; n < ns; n++) {
@@ -232,11 +233,10 @@ static void rowmajor_product(const W* w, const float* xf, const uint16_t* xb, in
             for (int64_t n = 0; n < ns; n++) {
               float total = 0.0f;
               for (int64_t k = 0; k < K; k++) {
-                if constexpr (sizeof(W) == 4) {
-                  total += reinterpret_cast<const float*>(w)[(o0 + r) * K + k] * xf[(n0 + n) * K + k];
+                if constexpr (std::is_same_v<W, float>) {
+                  total += w[(o0 + r) * K + k] * xf[(n0 + n) * K + k];
                 } else {
-                  total += bf16_to_float(reinterpret_cast<const uint16_t*>(w)[(o0 + r) * K + k]) *
-                           bf16_to_float(xb[(n0 + n) * K + k]);
+                  total += bf16_to_float(w[(o0 + r) * K + k]) * bf16_to_float(xb[(n0 + n) * K + k]);
                 }
               }
               sums[r][n] = total;
@@ -260,8 +260,9 @@ static inline void accumulate_rows(const __m512i* wv, __m512 scale, __m512 minim
     for (int a = 0; a < A; a++) dot[r][a] = _mm512_setzero_si512();
   for (int64_t pair = 0; pair < BLOCK / 2; pair++)
     for (int r = 0; r < R; r++) {
-      const int32_t* x = reinterpret_cast<const int32_t*>(xq.codes.data() + (n + r) * K + b * BLOCK);  // int16 pairs
-      dot[r][pair % A] = dot_pairs(dot[r][pair % A], wv[pair], _mm512_set1_epi32(x[pair]));
+      int32_t x_pair;  // activations 2p, 2p + 1 of row n + r as one 32-bit lane (memcpy: no aliasing of int16 data)
+      std::memcpy(&x_pair, xq.codes.data() + (n + r) * K + b * BLOCK + 2 * pair, sizeof x_pair);
+      dot[r][pair % A] = dot_pairs(dot[r][pair % A], wv[pair], _mm512_set1_epi32(x_pair));
     }
   for (int r = 0; r < R; r++) {
     __m512i total = dot[r][0];
@@ -389,12 +390,30 @@ static Linear make_linear(int64_t kind, const at::Tensor& weight, const c10::opt
   TORCH_CHECK(in_features % BLOCK == 0, "in_features must be a multiple of ", BLOCK, ", got ", in_features);
   const at::ScalarType expected[] = {at::kFloat, at::kBFloat16, at::kChar, at::kByte};
   TORCH_CHECK(weight.scalar_type() == expected[kind], "weight dtype ", weight.scalar_type(), " does not match kind ", kind);
+  // Every shape is checked: the kernels index by in_features and out_features alone.
+  const int64_t K = in_features, O = out_features, tiles = (O + TILE - 1) / TILE;
+  std::vector<int64_t> shape{O, K};
+  if (kind == I8) shape = {tiles, K / 2, TILE, 2};
+  if (kind == I4) shape = {tiles, K / BLOCK, BLOCK / 4, TILE, 2};
+  TORCH_CHECK(weight.sizes() == at::IntArrayRef(shape), "weight shape ", weight.sizes(), " does not hold ", O, " x ",
+              K, " weights of kind ", kind);
   Linear linear{kind, weight, at::Tensor(), at::Tensor(), in_features, out_features};
   if (kind == I8 || kind == I4) {
     TORCH_CHECK(scale.has_value(), "int8 and int4 weights need their scales");
     linear.scale = scale->contiguous();
+    if (kind == I8) {
+      TORCH_CHECK(linear.scale.scalar_type() == at::kFloat && linear.scale.numel() == tiles * TILE,
+                  "int8 scales must be float32, one per row padded to ", tiles * TILE);
+    } else {
+      const std::vector<int64_t> params{tiles, K / BLOCK, 2, TILE};
+      TORCH_CHECK(linear.scale.scalar_type() == at::kHalf && linear.scale.sizes() == at::IntArrayRef(params),
+                  "int4 scales and minimums must be float16 of shape (", tiles, ", ", K / BLOCK, ", 2, ", TILE, ")");
+    }
   }
-  if (bias.has_value()) linear.bias = bias->to(at::kFloat).contiguous();
+  if (bias.has_value()) {
+    linear.bias = bias->to(at::kFloat).contiguous();
+    TORCH_CHECK(linear.bias.numel() == O, "bias must hold ", O, " values, got ", linear.bias.numel());
+  }
   return linear;
 }
 
@@ -612,7 +631,12 @@ class Decoder : public torch::CustomClassHolder {
   at::Tensor step(const at::Tensor& tokens, const at::Tensor& positions, const c10::optional<at::Tensor>& key_mask,
                   const at::Tensor& k_cache, const at::Tensor& v_cache, int64_t column) {
     TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "k and v caches must share a dtype");
+    TORCH_CHECK(k_cache.dim() == 5 && k_cache.sizes() == v_cache.sizes(), "k and v caches must be (L, B, nh, max_len, hs)");
+    TORCH_CHECK(k_cache.size(0) == n_layer_ && k_cache.size(2) == n_head_ && k_cache.size(4) == C_ / n_head_,
+                "the cache was made for another model shape");
     TORCH_CHECK(k_cache.stride(4) == 1 && v_cache.stride(4) == 1, "cache rows must be contiguous");
+    TORCH_CHECK(tokens.dim() == 1 && positions.sizes() == tokens.sizes(), "tokens and positions must be (B,)");
+    TORCH_CHECK(column >= 0, "column must be >= 0");
     if (k_cache.scalar_type() == at::kFloat) return run<float>(tokens, positions, key_mask, k_cache, v_cache, column);
     TORCH_CHECK(k_cache.scalar_type() == at::kBFloat16, "the cache must be float32 or bfloat16");
     return run<at::BFloat16>(tokens, positions, key_mask, k_cache, v_cache, column);
@@ -665,22 +689,17 @@ class Decoder : public torch::CustomClassHolder {
             store_from_float(keys + column * k_cache.stride(3), i, qkv[b * 3 * C + C + head * hs + i]);
             store_from_float(values + column * v_cache.stride(3), i, qkv[b * 3 * C + 2 * C + head * hs + i]);
           }
+          // softmax over the visible columns: exp(score - max) there, 0 where masked
           float* weights = &p[task * S];
           float top = -INFINITY;
           for (int64_t s = 0; s < S; s++) {
-            if (visible && !visible[b * S + s]) continue;
-            weights[s] = dot_row(q, keys + s * k_cache.stride(3), hs) * scale;
-            top = std::max(top, weights[s]);
+            const bool seen = !visible || visible[b * S + s];
+            weights[s] = seen ? dot_row(q, keys + s * k_cache.stride(3), hs) * scale : 0.0f;
+            if (seen) top = std::max(top, weights[s]);
           }
-          float total = 0.0f;
-          for (int64_t s = 0; s < S; s++) {
-            if (visible && !visible[b * S + s]) {
-              weights[s] = 0.0f;
-              continue;
-            }
-            weights[s] = weights[s] - top;
-          }
+          for (int64_t s = 0; s < S; s++) weights[s] -= top;
           exp_inplace(weights, S, visible ? visible + b * S : nullptr);
+          float total = 0.0f;
           for (int64_t s = 0; s < S; s++) total += weights[s];
           weighted_sum(&z[b * C + head * hs], weights, 1.0f / total, values, v_cache.stride(3), S, hs);
         }
