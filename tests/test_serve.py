@@ -202,6 +202,17 @@ def solo_logits(model: GPT, tokens: list[int]) -> torch.Tensor:
         return model(torch.tensor([tokens])).logits[0, -1]
 
 
+def test_a_full_batch_refuses_more_sequences_and_says_how_to_go_on() -> None:
+    batch = DecodeBatch(tiny_gpt(block_size=64), max_rows=2)
+    batch.join([1, 2, 3])
+    with pytest.raises(ValueError, match=r"2 sequence\(s\) do not fit in 1 free rows; wait for a sequence to leave"):
+        batch.join_many([[4, 5], [6]])
+    assert batch.size == 1 and batch.lengths == [3]  # nothing was half-added
+    batch.join([4, 5])
+    with pytest.raises(ValueError, match="the batch is full"):
+        batch.join([6])
+
+
 def test_batched_logits_equal_each_sequence_alone_as_sequences_join_and_leave() -> None:
     model = tiny_gpt(block_size=64)
     batch = DecodeBatch(model, max_rows=4)

@@ -39,7 +39,6 @@ class NativeDecoder:
         norms += [transformer.ln_f.weight.detach(), _bias_or_zeros(transformer.ln_f.bias, config.n_embd)]
         weights, scales, biases, kinds, outs = (list(column) for column in zip(*linears, strict=True))
         native_ops()  # the kernels loaded, or a clear error
-        self.vocab_size = config.vocab_size
         self._decoder = getattr(torch.classes, library).Decoder(
             config.n_head,
             config.layer_norm_eps,

@@ -186,7 +186,7 @@ def stream(
     if native and decoder is None:
         raise ValueError(
             "native decoding cannot run this model (it needs a CPU model in eval mode with float32/bfloat16 "
-            "nn.Linear or PackedLinear layers, and the native kernels built); pass native=None or False"
+            "nn.Linear or NativeLinear layers, and the native kernels built); pass native=None or False"
         )
 
     # prefill: the whole prompt (at most block_size columns) in one pass

@@ -115,13 +115,20 @@ def native_ops() -> torch._ops._OpNamespace:
 
 
 # ------------------------------------------------------------------------------------------ packing
+def quantize_int8_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O, K) float weight -> (codes (O, K) int8, scale (O,) float32): W ~= codes * scale, one symmetric scale per
+    output row (absmax / 127). The int8 quantization of both int8 layouts (this file's tiles, `Int8Linear`)."""
+    weight = weight.detach().float()
+    scale = weight.abs().amax(dim=1).clamp(min=1e-12) / INT8_MAX  # (O,)
+    codes = torch.round(weight / scale[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return codes, scale
+
+
 def pack_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(O, K) float weight -> (tiles (O/16, K/2, 16, 2) int8, scale (O padded,) float32): W ~= q * scale per row,
     with the rows padded with zeros to a multiple of 16."""
-    weight = weight.detach().float()
     out_features, in_features = weight.shape
-    scale = weight.abs().amax(dim=1).clamp(min=1e-12) / INT8_MAX  # (O,)
-    codes = torch.round(weight / scale[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    codes, scale = quantize_int8_rows(weight)
     padding = -out_features % TILE
     codes, scale = F.pad(codes, (0, 0, 0, padding)), F.pad(scale, (0, padding))
     tiles = codes.view(-1, TILE, in_features // 2, 2).permute(0, 2, 1, 3).contiguous()  # (O/16, K/2, 16, 2)

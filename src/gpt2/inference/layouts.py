@@ -35,11 +35,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt2.inference.kernels import BLOCK, NativeLinear, kernels_available
+from gpt2.inference.kernels import BLOCK, INT4_LEVELS, NativeLinear, kernels_available, quantize_int8_rows
 
-INT8_MAX = 127
 INT8_LARGE_WEIGHT = 2**23  # elements: beyond this (the LM head), dequantizing costs more (Int8Linear)
-INT4_LEVELS = 15  # codes 0..15
 INT4_GROUP_SIZE = 32  # inputs sharing one scale and minimum, as in llama.cpp's q4_0 blocks
 INT4_INNER_K_TILES = 2  # the packing's tile parameter (any of 2, 4, 8 on CPU: same results)
 INT4_K_MULTIPLE = 16 * INT4_INNER_K_TILES  # the kernel's tile over the input dimension
@@ -71,9 +69,7 @@ class Int8Linear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, *, dtype: torch.dtype | None = None) -> Int8Linear:
-        weight = linear.weight.detach().float()
-        scale = weight.abs().amax(dim=1).clamp(min=1e-12) / INT8_MAX  # (out,)
-        weight_int8 = torch.round(weight / scale[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+        weight_int8, scale = quantize_int8_rows(linear.weight)  # (out, in) int8, (out,)
         dtype = dtype or linear.weight.dtype
         bias = None if linear.bias is None else linear.bias.detach().to(dtype)
         return cls(weight_int8, scale.to(dtype), bias)

@@ -72,19 +72,8 @@ class DecodeBatch:
         logits (P, V) (row t predicts token t + 1). The prompt must be ids of the model's vocabulary and leave
         room for a token: 1 <= P < block_size.
         """
-        P = len(prompt)
-        if self.size == self.max_rows:
-            raise ValueError(f"the batch is full ({self.max_rows} rows); wait for a sequence to leave")
-        if not 0 < P < self.block_size:
-            raise ValueError(f"a prompt must hold 1 to {self.block_size - 1} tokens to be continued, got {P}")
-        if self.size == 0:
-            self.width = 0
-        if P > self.width:
-            self._shift(P - self.width)  # make room on the left: the others move right
-        row, L = self.size, self.width
-        self._mask[row].zero_()
-        self._mask[row, L - P : L] = 1
-        self._lengths[row] = P
+        P, row = len(prompt), self.size
+        L = self._seat([P])
         # A cache over this row's own columns [L - P, block_size): the prefill writes there in place.
         view = KVCache(self._k[:, row : row + 1, :, L - P :], self._v[:, row : row + 1, :, L - P :])
         ids = torch.tensor([list(prompt)], dtype=torch.long, device=self._k.device)  # (1, P)
@@ -102,25 +91,12 @@ class DecodeBatch:
         if len(prompts) == 1:
             return self.join(prompts[0]).unsqueeze(0)
         lengths = [len(prompt) for prompt in prompts]
-        if self.size + len(prompts) > self.max_rows:
-            raise ValueError(f"{len(prompts)} sequences do not fit: {self.max_rows - self.size} rows are free")
-        if not all(0 < P < self.block_size for P in lengths):
-            raise ValueError(f"a prompt must hold 1 to {self.block_size - 1} tokens to be continued, got {lengths}")
-        if self.size == 0:
-            self.width = 0
-        longest = max(lengths)
-        if longest > self.width:
-            self._shift(longest - self.width)
-        L, rows = self.width, slice(self.size, self.size + len(prompts))
-        device = self._k.device
-        ids = torch.zeros(len(prompts), longest, dtype=torch.long, device=device)  # (n, P_max), left-padded
-        mask = torch.zeros(len(prompts), longest, dtype=torch.long, device=device)
+        rows = slice(self.size, self.size + len(prompts))
+        L, longest = self._seat(lengths), max(lengths)
+        mask = self._mask[rows, L - longest : L]  # (n, P_max): what _seat marked, each prompt right-aligned
+        ids = torch.zeros(len(prompts), longest, dtype=torch.long, device=self._k.device)  # (n, P_max), left-padded
         for i, prompt in enumerate(prompts):
             ids[i, longest - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
-            mask[i, longest - len(prompt) :] = 1
-        self._mask[rows] = 0
-        self._mask[rows, L - longest : L] = mask
-        self._lengths[rows] = torch.tensor(lengths, device=device)
         view = KVCache(self._k[:, rows, :, L - longest :], self._v[:, rows, :, L - longest :])
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # (n, P_max): each prompt's own 0, 1, ...
         hidden = self.model.hidden_states(
@@ -178,6 +154,27 @@ class DecodeBatch:
         self.width = 0
 
     # ------------------------------------------------------------------------------------------ room
+    def _seat(self, lengths: list[int]) -> int:
+        """Rows B, B + 1, ... for prompts of these lengths: checked, right-aligned at the width L (the others move
+        right when a prompt is longer), masks and lengths set. Returns L; the caller prefills, then counts them."""
+        if self.size + len(lengths) > self.max_rows:
+            raise ValueError(
+                f"the batch is full: {len(lengths)} sequence(s) do not fit in {self.max_rows - self.size} free rows; "
+                "wait for a sequence to leave"
+            )
+        if not all(0 < P < self.block_size for P in lengths):
+            raise ValueError(f"a prompt must hold 1 to {self.block_size - 1} tokens to be continued, got {lengths}")
+        if self.size == 0:
+            self.width = 0
+        if max(lengths) > self.width:
+            self._shift(max(lengths) - self.width)  # make room on the left: the others move right
+        L = self.width
+        for row, P in enumerate(lengths, start=self.size):
+            self._mask[row].zero_()
+            self._mask[row, L - P : L] = 1
+            self._lengths[row] = P
+        return L
+
     def _make_room(self) -> None:
         """Drop the padding columns every active row shares when the cache is full or they are many."""
         B, L = self.size, self.width

@@ -340,14 +340,15 @@ class Engine:
         return admitted
 
     def _turn(self, admitted: list[_Sequence]) -> None:
-        # plain sequences (no prompt scoring) admitted together share one batched prefill
+        # plain sequences (no prompt scoring) admitted together share one batched prefill; a lone one joins alone
         together = [s for s in admitted if not s.cancelled and s.max_new > 0 and not s.request.prompt_logprobs]
         if len(together) > 1:
             self._admit_together(together)
+        batched = {id(sequence) for sequence in together} if len(together) > 1 else set()
         for sequence in admitted:
             if sequence.cancelled:
                 self._finish(sequence, reason="cancelled")
-            elif len(together) <= 1 or sequence not in together:
+            elif id(sequence) not in batched:
                 self._admit(sequence)
         for sequence in [s for s in self._rows if s.cancelled]:
             self._finish(sequence, reason="cancelled")
@@ -362,15 +363,14 @@ class Engine:
     def _admit(self, sequence: _Sequence) -> None:
         """Prefill the prompt, then draw the first token (or, with nothing to generate, just score the prompt)."""
         request = sequence.request
-        sequence.text = TextAssembler(self.tokenizer, request.params.stop)
         prompt = list(request.prompt)
         if sequence.max_new == 0:
+            sequence.text = TextAssembler(self.tokenizer, request.params.stop)
             prompt_logprobs = self._prompt_logprobs(prompt, request.logprobs or 0) if request.prompt_logprobs else None
             self._finish(sequence, reason="length", prompt_logprobs=prompt_logprobs)
             return
         logits = self._batch.join(prompt, all_logits=request.prompt_logprobs)  # (V,) or (P, V)
-        sequence.row = len(self._rows)
-        self._rows.append(sequence)
+        self._seat(sequence)
         prompt_logprobs = None
         if request.prompt_logprobs:
             prompt_logprobs = self._score(prompt, logits, request.logprobs or 0)
@@ -382,10 +382,14 @@ class Engine:
         """`_admit` for several plain sequences with one batched prefill (`DecodeBatch.join_many`)."""
         logits = self._batch.join_many([sequence.request.prompt for sequence in sequences])  # (n, V)
         for sequence in sequences:
-            sequence.text = TextAssembler(self.tokenizer, sequence.request.params.stop)
-            sequence.row = len(self._rows)
-            self._rows.append(sequence)
+            self._seat(sequence)
         self._sample(sequences, logits)
+
+    def _seat(self, sequence: _Sequence) -> None:
+        """A sequence the batch just joined takes the next row and its text assembler."""
+        sequence.text = TextAssembler(self.tokenizer, sequence.request.params.stop)
+        sequence.row = len(self._rows)
+        self._rows.append(sequence)
 
     def _prompt_logprobs(self, prompt: list[int], top: int) -> list[TokenLogprob | None]:
         """Score a prompt that is not continued: one forward of its own, no cache."""
