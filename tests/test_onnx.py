@@ -87,6 +87,17 @@ def test_the_graph_has_optimums_gpt2_inputs_and_outputs(exported: Path, model: G
     assert graph.get_inputs()[0].type == "tensor(int64)"
 
 
+def test_each_layers_cache_write_stays_in_its_own_tensor(exported: Path) -> None:
+    """A write into a view of one stacked cache exports as a ScatterElements over every layer's cache, per layer:
+    that made ONNX Runtime's decode several times slower. Each layer's write is one ScatterND of its T positions."""
+    import onnx
+
+    graph = onnx.load(str(exported / "onnx" / "model.onnx"), load_external_data=False).graph
+    op_types = [node.op_type for node in graph.node]
+    assert "ScatterElements" not in op_types
+    assert op_types.count("ScatterND") <= 2 * 2 + 1  # keys and values of 2 layers (+ the mask's diagonal)
+
+
 def test_the_folder_is_what_transformers_js_reads(exported: Path, model: GPT) -> None:
     names = {path.relative_to(exported).as_posix() for path in exported.rglob("*") if path.is_file()}
     expected = {"onnx/model.onnx", "onnx/model_quantized.onnx", "config.json", "generation_config.json"}

@@ -28,6 +28,7 @@ import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.nn as nn
@@ -69,9 +70,9 @@ def onnx_output_names(n_layer: int) -> list[str]:
 class PastKeyValuesDecoder(nn.Module):
     """`GPT.forward` with the cache passed in and out as tensors, the signature the ONNX graph has.
 
-    The past keys and values are copied into a `KVCache` one call long (P + T positions); the model writes the
-    T new positions into it, and the filled cache is the `present` output. So the exported graph runs our own
-    attention, masks and position handling, not a second implementation of them.
+    Each layer's past keys and values are extended by T empty positions; the model writes the T new positions into
+    them, and the filled tensors are the `present` outputs. So the exported graph runs our own attention, masks
+    and position handling, not a second implementation of them.
     """
 
     def __init__(self, model: GPT) -> None:
@@ -90,14 +91,18 @@ class PastKeyValuesDecoder(nn.Module):
         config = self.model.config
         B, T = input_ids.shape
         past = past_key_values[0].shape[2]
-        keys = torch.stack(past_key_values[0::2])  # (n_layer, B, nh, P, hs)
-        values = torch.stack(past_key_values[1::2])
-        fresh = keys.new_zeros(config.n_layer, B, config.n_head, T, config.head_dim)  # filled by the model
-        cache = KVCache(torch.cat([keys, fresh], dim=3), torch.cat([values, fresh], dim=3), past)
+        fresh = past_key_values[0].new_zeros(B, config.n_head, T, config.head_dim)  # filled by the model
+        keys = [torch.cat([tensor, fresh], dim=2) for tensor in past_key_values[0::2]]  # n_layer x (B, nh, P+T, hs)
+        values = [torch.cat([tensor, fresh], dim=2) for tensor in past_key_values[1::2]]
+        # The model reads the cache only as `kv_cache.k[layer]`, so a list of per-layer tensors serves as well as
+        # the stacked (n_layer, ...) tensor and keeps every layer's write to its own tensor: written into a view
+        # of one stacked tensor, each layer's write exports as a scatter over all layers' caches, which made
+        # ONNX Runtime's decode steps several times slower.
+        cache = KVCache(cast(torch.Tensor, keys), cast(torch.Tensor, values), past)
         logits = self.model(
             input_ids, attention_mask=attention_mask, position_ids=position_ids, kv_cache=cache, validate=False
         ).logits
-        present = [tensor for layer in range(config.n_layer) for tensor in (cache.k[layer], cache.v[layer])]
+        present = [tensor for layer in range(config.n_layer) for tensor in (keys[layer], values[layer])]
         return (logits, *present)
 
 
