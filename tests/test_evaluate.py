@@ -367,6 +367,7 @@ def test_hellaswag_scores_a_crafted_model_exactly_as_expected(tmp_path: Path) ->
         "task": "hellaswag",
         "style": "nanogpt",
         "num_examples": 3,
+        "num_fewshot": 0,
         "acc": pytest.approx(1 / 3),
         "acc_norm": pytest.approx(1.0),
         "acc_char_norm": pytest.approx(2 / 3),

@@ -1,4 +1,7 @@
-"""`gpt2 eval perplexity | hellaswag | lambada`: the evaluation API (gpt2.eval) from the command line.
+"""`gpt2 eval perplexity | hellaswag | lambada | choice`: the evaluation API (gpt2.eval) from the command line.
+
+    gpt2 eval hellaswag --model gpt2 --num-fewshot 10      # shots from the train split, drawn as lm-eval draws them
+    gpt2 eval choice --model gpt2 --data test.jsonl --fewshot-data train.jsonl --num-fewshot 5
 
 Each prints a table of its metrics on stdout and, with `--out FILE`, writes them as JSON (with the model and
 data they came from). The tokenizer comes from `--tokenizer`, else from the model directory (training
@@ -15,8 +18,11 @@ from typing import Any
 from gpt2.cli.common import load_model_and_tokenizer
 from gpt2.eval import (
     DEFAULT_BATCH_SIZE,
+    FEWSHOT_SEED,
     HELLASWAG_NUM_ENDINGS,
     HELLASWAG_STYLES,
+    FewShot,
+    evaluate_choice,
     evaluate_hellaswag,
     evaluate_lambada,
     evaluate_perplexity,
@@ -28,7 +34,12 @@ from gpt2.runtime.files import atomic_write_text
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("eval", help="evaluate a model: perplexity, HellaSwag, LAMBADA")
+    parser = subparsers.add_parser(
+        "eval",
+        help="evaluate a model: perplexity, HellaSwag, LAMBADA, your own multiple-choice questions",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     tasks = parser.add_subparsers(dest="task", metavar="TASK", required=True)
 
     common = argparse.ArgumentParser(add_help=False)
@@ -42,6 +53,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     common.add_argument("--out", type=Path, help="also write the results to this JSON file")
     common.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    # Few-shot prompts as lm-evaluation-harness builds them (gpt2.eval.fewshot).
+    shots = argparse.ArgumentParser(add_help=False)
+    shots.add_argument(
+        "--num-fewshot", type=int, default=0, help="solved examples in front of each question (default: 0, zero-shot)"
+    )
+    shots.add_argument(
+        "--fewshot-seed", type=int, default=FEWSHOT_SEED, help=f"seed of the draws (default: {FEWSHOT_SEED}, lm-eval's)"
+    )
 
     ppl = tasks.add_parser(
         "perplexity",
@@ -64,7 +84,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ppl.set_defaults(func=run_perplexity)
 
     hellaswag = tasks.add_parser(
-        "hellaswag", parents=[common], help="HellaSwag accuracy, completion style (acc, acc_norm, acc_char_norm)"
+        "hellaswag", parents=[common, shots], help="HellaSwag accuracy, completion style (acc, acc_norm, acc_char_norm)"
     )
     hellaswag.add_argument("--data", type=Path, help="HellaSwag JSONL (official format); default: fetch the val split")
     hellaswag.add_argument("--limit", type=int, help="only the first N examples")
@@ -77,15 +97,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     hellaswag.add_argument(
         "--batch-size", type=int, default=4 * HELLASWAG_NUM_ENDINGS, help="rows (context + one ending) per forward"
     )
+    hellaswag.add_argument(
+        "--fewshot-data", type=Path, help="HellaSwag JSONL the shots are drawn from; default: fetch the train split"
+    )
     hellaswag.add_argument("--cache-dir", type=Path, help="where fetched files go (default: $GPT2_CACHE/eval)")
     hellaswag.set_defaults(func=run_hellaswag)
 
-    lambada = tasks.add_parser("lambada", parents=[common], help="LAMBADA last-word accuracy and perplexity")
+    lambada = tasks.add_parser("lambada", parents=[common, shots], help="LAMBADA last-word accuracy and perplexity")
     lambada.add_argument("--data", type=Path, help='LAMBADA JSONL ({"text": ...}); default: fetch OpenAI\'s test set')
     lambada.add_argument("--limit", type=int, help="only the first N passages")
     lambada.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="passages per forward")
     lambada.add_argument("--cache-dir", type=Path, help="where fetched files go (default: $GPT2_CACHE/eval)")
     lambada.set_defaults(func=run_lambada)
+
+    choice = tasks.add_parser(
+        "choice",
+        parents=[common, shots],
+        help="accuracy on your multiple-choice JSONL (acc, acc_norm)",
+        description='One question per line: {"query": "...", "choices": ["...", ...], "label": <index>}. '
+        "Each choice is scored after the query and a space, as lm-evaluation-harness scores a multiple_choice task.",
+    )
+    choice.add_argument("--data", required=True, type=Path, help="the questions (JSONL)")
+    choice.add_argument(
+        "--fewshot-data",
+        type=Path,
+        help="JSONL the shots are drawn from (e.g. a train split); default: --data, each question kept out of its own",
+    )
+    choice.add_argument("--limit", type=int, help="only the first N questions")
+    choice.add_argument(
+        "--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="rows (question + choice) per forward"
+    )
+    choice.set_defaults(func=run_choice)
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -126,7 +168,13 @@ def run_perplexity(args: argparse.Namespace) -> int:
     return report({"task": results["task"], "model": str(args.model), **results}, args.out)  # model second
 
 
+def fewshot_of(args: argparse.Namespace) -> FewShot:
+    """The few-shot setting the flags ask for (checked before the model is loaded)."""
+    return FewShot(k=args.num_fewshot, seed=args.fewshot_seed)
+
+
 def run_hellaswag(args: argparse.Namespace) -> int:
+    fewshot = fewshot_of(args)
     model, tokenizer = load_model_and_tokenizer(args.model, args.tokenizer, resolve_device(args.device), args.dtype)
     data = args.data if args.data is not None else fetch_dataset("hellaswag", args.cache_dir)
     results = evaluate_hellaswag(
@@ -135,16 +183,45 @@ def run_hellaswag(args: argparse.Namespace) -> int:
         data,
         limit=args.limit,
         style=args.style,
+        fewshot=fewshot,
+        fewshot_source=args.fewshot_data if args.fewshot_data is not None else _train_split(fewshot, args.cache_dir),
         batch_size=args.batch_size,
         progress=not args.no_progress,
     )
     return report({**results, "model": str(args.model), "data": str(data)}, args.out)
 
 
+def _train_split(fewshot: FewShot, cache_dir: Path | None) -> Path | None:
+    return fetch_dataset("hellaswag_train", cache_dir) if fewshot.k else None
+
+
 def run_lambada(args: argparse.Namespace) -> int:
+    fewshot = fewshot_of(args)
     model, tokenizer = load_model_and_tokenizer(args.model, args.tokenizer, resolve_device(args.device), args.dtype)
     data = args.data if args.data is not None else fetch_dataset("lambada", args.cache_dir)
     results = evaluate_lambada(
-        model, tokenizer, data, limit=args.limit, batch_size=args.batch_size, progress=not args.no_progress
+        model,
+        tokenizer,
+        data,
+        limit=args.limit,
+        fewshot=fewshot,
+        batch_size=args.batch_size,
+        progress=not args.no_progress,
     )
     return report({**results, "model": str(args.model), "data": str(data)}, args.out)
+
+
+def run_choice(args: argparse.Namespace) -> int:
+    fewshot = fewshot_of(args)
+    model, tokenizer = load_model_and_tokenizer(args.model, args.tokenizer, resolve_device(args.device), args.dtype)
+    results = evaluate_choice(
+        model,
+        tokenizer,
+        args.data,
+        fewshot=fewshot,
+        fewshot_source=args.fewshot_data,
+        limit=args.limit,
+        batch_size=args.batch_size,
+        progress=not args.no_progress,
+    )
+    return report({**results, "model": str(args.model), "data": str(args.data)}, args.out)

@@ -4,8 +4,10 @@
     gpt2 export --model gpt2 --format gguf --dtype q8_0 --out gpt2-q8_0.gguf
     gpt2 export --model out/run1 --format llmc --out llmc/run1.bin            # + llmc/gpt2_tokenizer.bin
     gpt2 export --model run1.bin --tokenizer gpt2 --format hf --out run1-hf
+    gpt2 export --model gpt2 --format onnx --dtype int8 --out gpt2-onnx      # onnx/model.onnx + model_quantized.onnx
 
-Formats and dtypes (default first): gguf f16|f32|bf16|q8_0; llmc f32|bf16; hf f32.
+Formats and dtypes (default first): gguf f16|f32|bf16|q8_0; llmc f32|bf16; hf f32; onnx f32|int8
+(ONNX Runtime, transformers.js; needs the onnx extra: pip install 'gpt2-faithful[onnx]').
 """
 
 from __future__ import annotations
@@ -17,18 +19,19 @@ from typing import Any
 from gpt2.api import LLM
 from gpt2.cli.common import add_model_arguments
 from gpt2.export import FORMATS, export_dtype, export_model
+from gpt2.export.onnx import require_onnx_packages
 
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "export",
-        help="write a model for llama.cpp (GGUF), llm.c or Hugging Face",
+        help="write a model for llama.cpp (GGUF), llm.c, Hugging Face or ONNX",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_arguments(parser)
     parser.add_argument("--format", required=True, choices=list(FORMATS), help="what to write")
-    parser.add_argument("--out", required=True, help="file to write (gguf, llmc) or directory (hf)")
+    parser.add_argument("--out", required=True, help="file to write (gguf, llmc) or directory (hf, onnx)")
     parser.add_argument("--dtype", help="stored precision (default: f16 for gguf, f32 otherwise)")
     parser.add_argument("--name", help="model name recorded in the file (gguf; default: the model's folder name)")
     parser.set_defaults(func=run)
@@ -36,6 +39,8 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     dtype = export_dtype(args.format, args.dtype)  # a wrong --dtype is reported before anything is loaded
+    if args.format == "onnx":
+        require_onnx_packages(quantize=dtype == "int8")  # so is a missing extra
     llm = LLM.load(args.model, tokenizer=args.tokenizer, device="cpu")
     model_path = Path(str(args.model).rstrip("/"))
     name = args.name or (model_path.stem if model_path.is_file() else model_path.name)

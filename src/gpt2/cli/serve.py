@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         from gpt2.serve.server import serve
     except ModuleNotFoundError as err:
-        raise ValueError(f"gpt2 serve needs the package {err.name!r}: pip install 'gpt2[serve]'") from err
+        raise ValueError(f"gpt2 serve needs the package {err.name!r}: pip install 'gpt2-faithful[serve]'") from err
     llm = LLM.load(args.model, tokenizer=args.tokenizer, device=args.device, precision=args.dtype)
     serve(llm, config, log_level=args.log_level)
     return 0

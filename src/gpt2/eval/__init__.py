@@ -7,12 +7,15 @@ the training loop can call them on a model in train mode.
 - `perplexity`: sliding windows over a token stream; `perplexity_of_text`, `perplexity_of_split` and
   `evaluate_perplexity` (a text file or a prepared folder) on top, with bits per byte.
 - `scoring`: continuation log-likelihoods, texts encoded as lm-evaluation-harness does (`encode_pair`).
-- `hellaswag`, `lambada`: the two tasks.
+- `hellaswag`, `lambada`: the two tasks; `choice`: a multiple-choice JSONL file of your own.
+- `fewshot`: k solved examples in front of each question, drawn and joined as lm-evaluation-harness does.
 - `files`: the public evaluation files (fetched once into a cache folder, sha256-checked) and JSONL reading.
 - `common`: eval mode, device, progress bar.
 """
 
+from gpt2.eval.choice import evaluate_choice, read_choice_records
 from gpt2.eval.common import DEFAULT_BATCH_SIZE, evaluation_mode
+from gpt2.eval.fewshot import FEWSHOT_SEED, FewShot, FewShotSampler, fewshot_contexts
 from gpt2.eval.files import CACHE_ENV, DATASETS, RemoteFile, default_cache_dir, fetch_dataset
 from gpt2.eval.hellaswag import (
     HELLASWAG_NUM_ENDINGS,
@@ -41,9 +44,12 @@ __all__ = [
     "CACHE_ENV",
     "DATASETS",
     "DEFAULT_BATCH_SIZE",
+    "FEWSHOT_SEED",
     "HELLASWAG_NUM_ENDINGS",
     "HELLASWAG_STYLES",
     "ContinuationScore",
+    "FewShot",
+    "FewShotSampler",
     "HellaSwagStyle",
     "MultipleChoiceExample",
     "PerplexityResult",
@@ -52,16 +58,19 @@ __all__ = [
     "count_bytes",
     "default_cache_dir",
     "encode_pair",
+    "evaluate_choice",
     "evaluate_hellaswag",
     "evaluate_lambada",
     "evaluate_perplexity",
     "evaluation_mode",
     "fetch_dataset",
+    "fewshot_contexts",
     "parse_hellaswag_record",
     "parse_lambada_record",
     "perplexity",
     "perplexity_of_split",
     "perplexity_of_text",
+    "read_choice_records",
     "read_hellaswag",
     "read_lambada",
     "score_continuations",

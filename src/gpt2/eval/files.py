@@ -39,6 +39,12 @@ DATASETS: dict[str, RemoteFile] = {
         "hellaswag_val.jsonl",
         None,  # no published checksum to pin
     ),
+    # Its train split (39,905 items): the pool few-shot examples are drawn from, as lm-evaluation-harness does.
+    "hellaswag_train": RemoteFile(
+        "https://raw.githubusercontent.com/rowanz/hellaswag/master/data/hellaswag_train.jsonl",
+        "hellaswag_train.jsonl",
+        None,
+    ),
     # OpenAI's detokenized LAMBADA test set (5,153 passages), "lambada_openai" in lm-evaluation-harness.
     "lambada": RemoteFile(
         "https://openaipublic.blob.core.windows.net/gpt-2/data/lambada_test.jsonl",
@@ -54,7 +60,7 @@ def default_cache_dir() -> Path:
 
 
 def fetch_dataset(name: str, cache_dir: str | Path | None = None) -> Path:
-    """Local path of a public evaluation file ("hellaswag" val or "lambada" test), downloaded once.
+    """Local path of a public evaluation file ("hellaswag" val, "hellaswag_train", "lambada" test), downloaded once.
 
     The file is written atomically (a partial download never looks complete) and checked against its sha256
     when known. Offline, raises FileNotFoundError saying where to put the file or how to pass it.

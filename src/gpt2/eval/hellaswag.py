@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from gpt2.eval.fewshot import FewShot, fewshot_contexts
 from gpt2.eval.files import JsonlSource, describe_source, fetch_dataset, read_jsonl, require_field
 from gpt2.eval.scoring import score_texts
 from gpt2.model import GPT
@@ -99,13 +100,18 @@ def evaluate_hellaswag(
     *,
     limit: int | None = None,
     style: HellaSwagStyle = "nanogpt",
+    fewshot: FewShot | None = None,
+    fewshot_source: JsonlSource | None = None,
     batch_size: int = 4 * HELLASWAG_NUM_ENDINGS,
     progress: bool = False,
 ) -> dict[str, Any]:
     """HellaSwag accuracy, completion style: every ending scored by the loss of its own tokens after the context.
 
     source: a JSONL file in the official format, in-memory records, or None to fetch the val split (online).
-    Returns {"task", "style", "num_examples", "acc", "acc_norm", "acc_char_norm"}:
+    fewshot: solved examples in front of each context, drawn as lm-evaluation-harness draws them
+    (`gpt2.eval.fewshot`) from `fewshot_source`, by default the train split (fetched when needed, online); a shot
+    is its rendered context, " " and its right ending. Default: zero-shot.
+    Returns {"task", "style", "num_examples", "num_fewshot", "acc", "acc_norm", "acc_char_norm"}:
 
     - acc: the ending with the lowest summed loss (= highest log-likelihood; both nanoGPT and lm-eval's "acc");
     - acc_norm: the lowest mean loss per ending token (nanoGPT / llm.c's "acc_norm": 0.2955 for GPT-2 124M);
@@ -119,8 +125,14 @@ def evaluate_hellaswag(
     """
     if source is None:
         source = fetch_dataset("hellaswag")
+    fewshot = fewshot or FewShot()
     examples = read_hellaswag(source, limit=limit, style=style)
-    pairs = [(example.context, ending) for example in examples for ending in example.endings]
+    contexts = [example.context for example in examples]
+    if fewshot.k:
+        contexts = hellaswag_fewshot_contexts(source, fewshot_source, fewshot, limit=limit, style=style)
+    pairs = [
+        (context, ending) for context, example in zip(contexts, examples, strict=True) for ending in example.endings
+    ]
     scores = score_texts(model, tokenizer, pairs, batch_size=batch_size, progress=progress, desc="hellaswag")
 
     correct = {"acc": 0, "acc_norm": 0, "acc_char_norm": 0}
@@ -136,4 +148,29 @@ def evaluate_hellaswag(
         for metric, losses in choices.items():
             correct[metric] += int(int(np.argmin(losses)) == example.label)  # argmin: first of equal losses
     n = len(examples)
-    return {"task": "hellaswag", "style": style, "num_examples": n, **{k: v / n for k, v in correct.items()}}
+    metrics = {k: v / n for k, v in correct.items()}
+    return {"task": "hellaswag", "style": style, "num_examples": n, "num_fewshot": fewshot.k, **metrics}
+
+
+def hellaswag_fewshot_contexts(
+    source: JsonlSource,
+    fewshot_source: JsonlSource | None,
+    fewshot: FewShot,
+    *,
+    limit: int | None = None,
+    style: HellaSwagStyle = "nanogpt",
+) -> list[str]:
+    """The context of each of the first `limit` examples of `source` with `fewshot.k` solved train examples in
+    front. As in the harness's HellaSwag task, which has no test split: k + 1 examples drawn, the evaluated one
+    dropped if among them (`FewShotSampler.sample`). The pool is every example of `fewshot_source` (default: the
+    train split, fetched once)."""
+    pool_source = fewshot_source if fewshot_source is not None else fetch_dataset("hellaswag_train")
+    pool = [record for _, record in read_jsonl(pool_source, None)]
+    where = f"{describe_source(pool_source)} (a few-shot example)"
+
+    def query_and_answer(record: Any) -> tuple[str, str]:
+        example = parse_hellaswag_record(record, where, style)
+        return example.context, example.endings[example.label].removeprefix(" ")  # the delimiter goes between
+
+    docs = [record for _, record in read_jsonl(source, limit)]
+    return fewshot_contexts(docs, query_and_answer, pool, fewshot, exclude_self=True)

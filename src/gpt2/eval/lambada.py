@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from gpt2.eval.common import DEFAULT_BATCH_SIZE
+from gpt2.eval.fewshot import FewShot, fewshot_contexts
 from gpt2.eval.files import JsonlSource, describe_source, fetch_dataset, read_jsonl, require_field
 from gpt2.eval.scoring import score_texts
 from gpt2.model import GPT
@@ -43,12 +44,19 @@ def evaluate_lambada(
     source: JsonlSource | None = None,
     *,
     limit: int | None = None,
+    fewshot: FewShot | None = None,
     batch_size: int = DEFAULT_BATCH_SIZE,
     progress: bool = False,
 ) -> dict[str, Any]:
     """LAMBADA last-word prediction. source: JSONL file, records, or None to fetch OpenAI's test file (online).
 
-    Returns {"task", "num_examples", "acc", "perplexity", "token_perplexity"}:
+    fewshot: solved passages in front of each one, drawn as lm-evaluation-harness's lambada_openai draws them
+    (`gpt2.eval.fewshot`): from the whole test file, the one evaluated not excluded (the task sets no few-shot
+    split, and the harness excludes a document only from a few-shot split named as its test split). A shot is
+    context + " " + target, and the target keeps its own leading space: two spaces before the word, as in the
+    harness. Default: zero-shot.
+
+    Returns {"task", "num_examples", "num_fewshot", "acc", "perplexity", "token_perplexity"}:
 
     - acc: fraction of passages whose target word comes out of greedy decoding, every token of it;
     - perplexity: exp(mean over passages of the target word's summed loss): per word, lm-eval's "perplexity";
@@ -56,13 +64,18 @@ def evaluate_lambada(
     """
     if source is None:
         source = fetch_dataset("lambada")
+    fewshot = fewshot or FewShot()
     pairs = read_lambada(source, limit=limit)
+    if fewshot.k:
+        contexts = fewshot_contexts(pairs, lambda pair: pair, read_lambada(source), fewshot)
+        pairs = [(context, target) for context, (_, target) in zip(contexts, pairs, strict=True)]
     scores = score_texts(model, tokenizer, pairs, batch_size=batch_size, progress=progress, desc="lambada")
     n = len(scores)
     total_loss = sum(s.loss_sum for s in scores)
     return {
         "task": "lambada",
         "num_examples": n,
+        "num_fewshot": fewshot.k,
         "acc": sum(s.greedy for s in scores) / n,
         "perplexity": math.exp(total_loss / n),
         "token_perplexity": math.exp(total_loss / sum(s.num_tokens for s in scores)),

@@ -5,6 +5,7 @@
 | gguf | one `.gguf` file | f16, f32, bf16, q8_0 | llama.cpp (`llama-cli -m`), anything built on it |
 | llmc | the `.bin` checkpoint + `gpt2_tokenizer.bin` beside it | f32, bf16 | karpathy/llm.c's trainers |
 | hf | a directory: config.json, model.safetensors, tokenizer | f32 | transformers, `gpt2.api.LLM.load` |
+| onnx | a directory: onnx/model.onnx (+ model_quantized.onnx), tokenizer | f32, int8 | ORT, transformers.js |
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from gpt2.export.hf import HF_DTYPES, export_hf
 from gpt2.export.llamacpp import GGUF_DTYPES, export_gguf
 from gpt2.export.llmc import LLMC_DTYPES, export_llmc
+from gpt2.export.onnx import ONNX_DTYPES, export_onnx
 from gpt2.model import GPT
 from gpt2.tokenizer.protocol import TextTokenizer
 
@@ -32,10 +34,12 @@ FORMATS: dict[str, ExportFormat] = {
     "gguf": ExportFormat("gguf", GGUF_DTYPES, "llama.cpp's GGUF file"),
     "llmc": ExportFormat("llmc", LLMC_DTYPES, "karpathy/llm.c's checkpoint and tokenizer files"),
     "hf": ExportFormat("hf", HF_DTYPES, "Hugging Face directory (safetensors) with the tokenizer"),
+    "onnx": ExportFormat("onnx", ONNX_DTYPES, "ONNX decoder with past key values (ONNX Runtime, transformers.js)"),
 }
 # Other spellings people use for the same dtypes.
 DTYPE_ALIASES = {
     "float32": "f32", "fp32": "f32", "float16": "f16", "fp16": "f16", "half": "f16", "bfloat16": "bf16",
+    "qint8": "int8", "q8": "int8",
 }  # fmt: skip
 
 
@@ -76,14 +80,16 @@ def export_model(
     dtype: str | None = None,
     name: str | None = None,
 ) -> ExportResult:
-    """Write `model` with its tokenizer in `format` ('gguf', 'llmc' or 'hf') at `out` (a file for gguf and llmc,
-    a directory for hf). dtype: see `FORMATS` (None: the format's default). name: the model's name where the
-    format records one (GGUF's general.name). Nothing half-written is ever left at `out`."""
+    """Write `model` with its tokenizer in `format` ('gguf', 'llmc', 'hf' or 'onnx') at `out` (a file for gguf and
+    llmc, a directory for hf and onnx). dtype: see `FORMATS` (None: the format's default). name: the model's name
+    where the format records one (GGUF's general.name). Nothing half-written is ever left at `out`."""
     dtype = export_dtype(format, dtype)
     if format == "gguf":
         paths = [export_gguf(model, tokenizer, out, dtype=dtype, name=name)]
     elif format == "llmc":
         paths = export_llmc(model, out, dtype=dtype, tokenizer=tokenizer)
+    elif format == "onnx":
+        paths = export_onnx(model, tokenizer, out, dtype=dtype)
     else:
         paths = [export_hf(model, tokenizer, out)]
     return ExportResult(format, dtype, tuple(paths))

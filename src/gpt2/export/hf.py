@@ -4,12 +4,11 @@ saved beside them, so `transformers`, `LLM.load` and every tool that reads a GPT
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from gpt2.export.common import check_tokenizer_fits, unwrap
 from gpt2.model import GPT
+from gpt2.runtime.files import atomic_directory
 from gpt2.tokenizer.protocol import TextTokenizer
 from gpt2.weights import save_pretrained
 
@@ -24,23 +23,7 @@ def export_hf(model: GPT, tokenizer: TextTokenizer, directory: str | os.PathLike
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise NotADirectoryError(f"--out {directory} is a file; the HF format is a directory")
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.", suffix=".tmp"))
-    try:
+    with atomic_directory(directory) as staging:
         save_pretrained(model, staging)
         tokenizer.save(staging)
-        if not directory.exists():
-            staging.chmod(0o777 & ~_umask())  # mkdtemp's folder is private (0o700)
-            os.replace(staging, directory)
-            return directory
-        for item in sorted(staging.iterdir()):
-            os.replace(item, directory / item.name)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return directory
-
-
-def _umask() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return umask

@@ -36,6 +36,32 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[Path]:
         raise
 
 
+@contextmanager
+def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temporary folder beside `path` to fill; when the block finishes, a new directory appears at `path` complete,
+    or, into an existing directory, each top-level item is moved in whole. An error leaves `path` as it was."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"{path} is a file; give the path of a directory to write into")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    try:
+        yield staging
+        if not path.exists():
+            umask = os.umask(0)
+            os.umask(umask)
+            staging.chmod(0o777 & ~umask)  # mkdtemp's folder is private (0o700)
+            os.replace(staging, path)
+            return
+        for item in sorted(staging.iterdir()):
+            target = path / item.name
+            if item.is_dir() and target.is_dir():
+                shutil.rmtree(target)  # a folder is replaced as a whole, never merged with an older one
+            os.replace(item, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """Write `data` to `path` through `atomic_output`."""
     with atomic_output(path) as temporary:

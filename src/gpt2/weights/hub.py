@@ -83,11 +83,11 @@ def iter_hf_dataset(
     generator, so nothing is fetched, and no error raised, before the first document is asked for.
     """
     try:
-        import datasets  # optional dependency: pip install 'gpt2[datasets]'
+        import datasets  # optional dependency: pip install 'gpt2-faithful[datasets]'
     except ImportError as err:
         raise ValueError(
             f"reading the Hugging Face dataset {name!r} needs the `datasets` library, which is not installed; "
-            "`pip install 'gpt2[datasets]'`, or download the data and pass local files"
+            "`pip install 'gpt2-faithful[datasets]'`, or download the data and pass local files"
         ) from err
     try:
         records = datasets.load_dataset(name, config, split=split, streaming=True)
