@@ -207,10 +207,11 @@ def prepare(
     for files; for a dataset only when `expected_tokens` says about how many tokens it holds). log: receives
     status lines (resuming, starting over).
 
-    >>> from gpt2.tokenizer import load_tokenizer                               # doctest: +SKIP
-    >>> manifest = prepare(["input.txt"], "data/shakespeare", load_tokenizer("gpt2"))  # doctest: +SKIP
-    >>> manifest["splits"]                                                       # doctest: +SKIP
-    {'train': 304223, 'val': 33803}
+    >>> from gpt2.tokenizer import load_tokenizer
+    >>> _ = (tmp / "input.txt").write_text("To be, or not to be: that is the question.\\n" * 100)
+    >>> manifest = prepare([tmp / "input.txt"], tmp / "data", load_tokenizer(gpt2_files))
+    >>> manifest["splits"]  # tokens: 100 lines of 14, an end-of-text first; the last tenth held out
+    {'train': 1260, 'val': 141}
     """
     _check_tokenizer(tokenizer)
     if not 0.0 <= val_fraction < 1.0:

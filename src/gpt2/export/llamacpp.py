@@ -18,8 +18,11 @@ in the converter.
 
 Needs the `gguf` package (llama.cpp's own reader/writer): `pip install gguf`.
 
->>> export_gguf(model, tokenizer, "gpt2-f16.gguf", dtype="f16")      # doctest: +SKIP
-PosixPath('gpt2-f16.gguf')
+>>> from gpt2 import GPT, GPTConfig
+>>> from gpt2.tokenizer import load_tokenizer
+>>> model = GPT(GPTConfig.from_name("gpt2-tiny", vocab_size=50257))
+>>> export_gguf(model, load_tokenizer(gpt2_files), tmp / "gpt2-f16.gguf", dtype="f16").name
+'gpt2-f16.gguf'
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 >>> load_tokenizer("bytes")
 ByteTokenizer(vocab_size=257)
->>> tok = load_tokenizer("path/to/gpt2-files")      # doctest: +SKIP
->>> tok.encode("Hello world")                       # doctest: +SKIP
+>>> tok = load_tokenizer(gpt2_files)  # encoder.json + vocab.bpe, or vocab.json + merges.txt
+>>> tok.encode("Hello world")
 [15496, 995]
 """
 
