@@ -7,7 +7,11 @@ through the CLI with --dtype int8, which writes both graphs.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -45,11 +49,18 @@ def model(model_dir: Path) -> GPT:
 def exported(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("onnx") / "tiny-onnx"
     tokenizer = shared_file("gpt2-bpe/encoder.json").parent
-    code = main(
-        ["export", "--model", str(model_dir), "--tokenizer", str(tokenizer), "--format", "onnx"]
-        + ["--dtype", "int8", "--out", str(out)]
-    )
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(
+            ["export", "--model", str(model_dir), "--tokenizer", str(tokenizer), "--format", "onnx"]
+            + ["--dtype", "int8", "--out", str(out)]
+        )
     assert code == 0
+    lines = printed.getvalue().splitlines()  # one line per graph, each with the dtype it holds
+    assert [line.split(" MB")[0].rsplit(",", 1)[0] for line in lines] == [
+        f"wrote {out / 'onnx' / 'model.onnx'} (onnx, f32",
+        f"wrote {out / 'onnx' / 'model_quantized.onnx'} (onnx, int8",
+    ]
     return out
 
 
@@ -161,6 +172,43 @@ def test_greedy_continuation_with_the_cache_is_ours(exported: Path, model: GPT) 
         ids = logits[:, -1].argmax(-1, keepdims=True)
         tokens.append(int(ids[0, 0]))
     assert tokens == expected
+
+
+TRANSFORMERS_JS_ENV = "GPT2_TRANSFORMERS_JS"
+TRANSFORMERS_JS_SCRIPT = """
+import {{ env, AutoTokenizer, AutoModelForCausalLM }} from "@huggingface/transformers";
+env.allowRemoteModels = false;
+env.localModelPath = {models};
+const tokenizer = await AutoTokenizer.from_pretrained({name});
+const model = await AutoModelForCausalLM.from_pretrained({name}, {{ dtype: "fp32" }});
+const inputs = tokenizer({prompt});
+const out = await model.generate({{ ...inputs, max_new_tokens: {steps}, do_sample: false }});
+console.log(JSON.stringify(out.tolist()[0].map(Number)));
+"""
+
+
+def test_transformers_js_generates_our_greedy_text(exported: Path, model: GPT, tmp_path: Path) -> None:
+    """Opt-in (it needs Node.js and the npm package): set GPT2_TRANSFORMERS_JS to a folder where
+    `npm install --ignore-scripts @huggingface/transformers` was run."""
+    folder = os.environ.get(TRANSFORMERS_JS_ENV)
+    if not folder or not (Path(folder) / "node_modules" / "@huggingface" / "transformers").is_dir():
+        pytest.skip(f"set {TRANSFORMERS_JS_ENV} to a folder with @huggingface/transformers installed (npm)")
+    prompt, steps = "The quick brown fox", 12
+    script = Path(folder) / f"gpt2-test-{os.getpid()}.mjs"  # node resolves the package from the script's folder
+    script.write_text(
+        TRANSFORMERS_JS_SCRIPT.format(
+            models=json.dumps(str(exported.parent) + "/"), name=json.dumps(exported.name), prompt=json.dumps(prompt),
+            steps=steps,
+        )
+    )  # fmt: skip
+    try:
+        done = subprocess.run(["node", str(script)], capture_output=True, text=True, timeout=300, check=False)
+    finally:
+        script.unlink()
+    assert done.returncode == 0, done.stderr
+    ids = load_tokenizer(exported).encode(prompt)
+    expected = generate(model, torch.tensor([ids]), steps, temperature=0, native=False)[0].tolist()
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == expected
 
 
 def test_int8_graph_runs_and_stays_close_to_fp32(exported: Path, model: GPT) -> None:
