@@ -20,11 +20,12 @@ import torch
 
 from conftest import shared_file
 from gpt2.cli import main
+from gpt2.config import GPTConfig
+from gpt2.export import export_onnx, onnx_input_names, onnx_output_names
 from gpt2.export import onnx as onnx_export
-from gpt2.export import onnx_input_names, onnx_output_names
 from gpt2.inference.generation import generate
 from gpt2.model import GPT
-from gpt2.tokenizer import load_tokenizer
+from gpt2.tokenizer import ByteTokenizer, load_tokenizer
 from gpt2.weights import load_model
 
 ort = pytest.importorskip("onnxruntime")
@@ -223,6 +224,37 @@ def test_int8_graph_runs_and_stays_close_to_fp32(exported: Path, model: GPT) -> 
     # int8 weights move the logits by a small fraction of their spread; a wrong graph moves them by the spread
     assert np.abs(quantized - reference).mean() < 0.05 * reference.std()
     assert np.corrcoef(quantized.ravel(), reference.ravel())[0, 1] > 0.99
+
+
+@pytest.fixture(scope="module")
+def byte_model() -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=ByteTokenizer.vocab_size, block_size=16)).eval()
+
+
+def test_a_byte_level_model_exports_with_its_own_tokenizer_file(byte_model: GPT, tmp_path: Path) -> None:
+    (path,) = export_onnx(byte_model, ByteTokenizer(), tmp_path / "bytes")
+    assert path == tmp_path / "bytes" / "onnx" / "model.onnx"
+    assert (tmp_path / "bytes" / "byte_tokenizer.json").is_file() and (tmp_path / "bytes" / "config.json").is_file()
+    assert not (tmp_path / "bytes" / "tokenizer.json").exists()  # tokenizer.json describes BPE only
+    ids = np.array([list(b"hello")])
+    logits, _ = run(session(path), ids, np.ones_like(ids), np.arange(5)[None], empty_past(byte_model, 1))
+    with torch.no_grad():
+        expected = byte_model(torch.from_numpy(ids)).logits.numpy()
+    np.testing.assert_allclose(logits, expected, atol=FP32_TOLERANCE, rtol=0)
+
+
+def test_a_failed_export_leaves_nothing_behind(
+    byte_model: GPT, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(model: GPT, path: Path) -> None:
+        path.write_bytes(b"half a graph")
+        raise RuntimeError("the exporter failed")
+
+    monkeypatch.setattr(onnx_export, "write_onnx_graph", broken)
+    with pytest.raises(RuntimeError, match="the exporter failed"):
+        export_onnx(byte_model, ByteTokenizer(), tmp_path / "out", dtype="int8")
+    assert list(tmp_path.iterdir()) == []  # no folder, no half-written model.onnx, no staging folder
 
 
 def test_a_missing_onnx_extra_is_one_line_naming_it(
