@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from conftest import shared_file
 from gpt2 import ByteTokenizer, Tokenizer, train_tokenizer
 from gpt2.cli import main as cli_main
-from gpt2.tokenizer import load_tokenizer
+from gpt2.tokenizer import TIKTOKEN_SPLIT_PATTERN, load_tokenizer
 from gpt2.tokenizer.protocol import TextTokenizer
 from gpt2.tokenizer.reference import GPT2_SPLIT_PATTERN, ReferenceBPE, split_pieces
 
@@ -144,6 +144,35 @@ def test_same_ids_as_all_references_on_edge_cases(gpt2_tok, hf_reference, tiktok
 
 def test_reference_agrees_on_tinyshakespeare(gpt2_tok, reference, shakespeare_text) -> None:
     assert reference.encode(shakespeare_text) == gpt2_tok.encode(shakespeare_text)
+
+
+MULTILINGUAL = (
+    "Ünïcödé façade — naïve café. Привет, как дела? Это тест 123. 你好，世界！这是一个测试。 こんにちは世界。"
+    " مرحبا بالعالم 42. Γειά σου κόσμε! हिन्दी पाठ।  \t\n  x's we'll THEY'RE 3.14e10 \u00a0nbsp  \r\n\n  "
+)
+SPLIT_ALPHABET = st.sampled_from(list("aZé你1٣ '\"sdmtlvre.,!-_\t\n\r\u00a0\u3000\u2028") + ["'s", "'ll", "  "])
+
+
+def fast_pieces(text: str) -> list[str]:
+    import regex
+
+    return regex.findall(TIKTOKEN_SPLIT_PATTERN, text)
+
+
+@pytest.mark.parametrize("corpus", ["code", "prose", "multilingual"])
+def test_the_fast_split_pattern_splits_as_gpt2s(corpus, shakespeare_text) -> None:
+    text = {
+        "code": inspect.getsource(inspect) + inspect.getsource(json),
+        "prose": shakespeare_text[:300_000],
+        "multilingual": MULTILINGUAL * 20,
+    }[corpus]
+    assert fast_pieces(text) == split_pieces(text)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(SPLIT_ALPHABET).map("".join) | st.text())
+def test_the_fast_split_pattern_splits_any_text_as_gpt2s(text: str) -> None:
+    assert fast_pieces(text) == split_pieces(text)
 
 
 def test_split_pattern_keeps_contractions_lower_case_only() -> None:

@@ -429,24 +429,50 @@ def test_a_checkpoint_with_a_pickle_payload_is_refused_without_running_it(tmp_pa
     assert not marker.exists()
 
 
-def test_ctrl_c_saves_a_checkpoint_and_returns_cleanly(tmp_path, monkeypatch):
-    config = tiny_config(tmp_path, checkpoint_interval=0, eval_interval=0)
+@pytest.fixture
+def sigint(request):
+    """Sets SIGINT's disposition for one test (request.param), restoring the one the suite was launched with:
+    a background job of a non-interactive shell starts with SIGINT ignored, a terminal with Python's default."""
+    before = signal.signal(signal.SIGINT, request.param)
+    yield request.param
+    signal.signal(signal.SIGINT, before)
+
+
+def _interrupt_on_forward(monkeypatch, call: int) -> None:
+    """Sends this process SIGINT during the call-th forward pass (mid-step: the step still completes)."""
     calls = {"n": 0}
     forward = GPT.forward
 
     def interrupting(self, idx, targets=None, **kwargs):
         calls["n"] += 1
-        if calls["n"] == 3:
-            os.kill(os.getpid(), signal.SIGINT)  # arrives during step 3; the step still completes
+        if calls["n"] == call:
+            os.kill(os.getpid(), signal.SIGINT)
         return forward(self, idx, targets, **kwargs)
 
     monkeypatch.setattr(GPT, "forward", interrupting)
+
+
+@pytest.mark.parametrize("sigint", [signal.default_int_handler], indirect=True)
+def test_ctrl_c_saves_a_checkpoint_and_returns_cleanly(tmp_path, monkeypatch, sigint):
+    config = tiny_config(tmp_path, checkpoint_interval=0, eval_interval=0)
+    forward = GPT.forward
+    _interrupt_on_forward(monkeypatch, call=3)  # arrives during step 3; the step still completes
     result = train(config)
     assert result.interrupted and result.step == 3
     assert latest_checkpoint(config.out_dir).name == "step_00000003"
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+    assert signal.getsignal(signal.SIGINT) is sigint  # the handler it found, restored
     monkeypatch.setattr(GPT, "forward", forward)
     assert train(config, resume=True).step == 8
+
+
+@pytest.mark.parametrize("sigint", [signal.SIG_IGN], indirect=True)
+def test_an_ignored_ctrl_c_stays_ignored(tmp_path, monkeypatch, sigint):
+    # `nohup gpt2 train ... &` starts with SIGINT ignored: training must not make it interruptible again.
+    config = tiny_config(tmp_path, checkpoint_interval=0, eval_interval=0)
+    _interrupt_on_forward(monkeypatch, call=3)
+    result = train(config)
+    assert not result.interrupted and result.step == config.max_steps
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
 def test_bfloat16_autocast_on_cpu_trains(tmp_path):

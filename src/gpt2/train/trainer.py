@@ -449,7 +449,8 @@ class Trainer:
 
 class _StopFlag:
     """Ctrl-C (SIGINT) sets the flag; the loop finishes its step, saves and returns. A second Ctrl-C raises
-    KeyboardInterrupt at once. Only installed in the main thread."""
+    KeyboardInterrupt at once. Only installed in the main thread, and never where SIGINT is ignored: a job
+    started as `nohup gpt2 train ... &` inherits SIG_IGN and must go on ignoring Ctrl-C."""
 
     def __init__(self) -> None:
         self.requested = False
@@ -457,7 +458,8 @@ class _StopFlag:
 
     def __enter__(self) -> _StopFlag:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+                self._previous = signal.signal(signal.SIGINT, self._handle)
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
