@@ -241,8 +241,12 @@ def test_zero_shot_is_the_query_alone() -> None:
 
 
 def test_more_shots_than_the_pool_holds_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="more examples than the few-shot pool holds"):
+    with pytest.raises(ValueError, match=r"--num-fewshot 2 needs more examples than the few-shot pool holds \(1\)"):
         fewshot_contexts([("Q", "A")], lambda doc: doc, [("P", "B")], FewShot(k=2))
+    pool = [("Q", "A"), ("P", "B")]  # 1 + 1 drawn from 2: fine; 2 + 1: the harness fails likewise
+    assert fewshot_contexts(pool[:1], lambda doc: doc, pool, FewShot(k=1), exclude_self=True) == ["P B\n\nQ"]
+    with pytest.raises(ValueError, match=r"--num-fewshot 2 \(drawn as 2 \+ 1, .*\) needs more examples"):
+        fewshot_contexts(pool[:1], lambda doc: doc, pool, FewShot(k=2), exclude_self=True)
 
 
 # ------------------------------------------------------------------------------------ against the harness
