@@ -49,8 +49,9 @@ class LLM:
         """Load a model (HF directory or Hub name, OpenAI's TF release, llm.c `.bin`) and its tokenizer.
 
         tokenizer: a directory, Hub name or 'bytes'; by default the one stored with the model (the directory,
-        or the folder holding an llm.c file). precision: None keeps the trainable float32 model; 'float32',
-        'bfloat16', 'float16' or 'int8' turn it into the fastest inference form (see prepare_for_inference).
+        or the folder holding an llm.c file). precision: None keeps the trainable float32 model; one of
+        `PRECISIONS` ('float32', 'bfloat16', 'float16' (GPU only), 'int8', 'int4') turns it into the fastest
+        inference form (see prepare_for_inference; README's "Precisions" table says what each computes).
         """
         resolved = device if isinstance(device, torch.device) else resolve_device(device)
         loaded = load_model(model).to(resolved)  # first: a wrong model path is named as such

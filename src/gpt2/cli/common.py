@@ -12,6 +12,15 @@ from gpt2.inference.layouts import PRECISIONS
 from gpt2.inference.sampling import SamplingParams
 
 
+# What --dtype does, in one line for every command that takes it (README's "Precisions" table has the detail).
+DTYPE_HELP = (
+    "inference precision (default float32: the logits of the trained model). bfloat16 / int8 / int4 store 2 / 1 /"
+    " ~0.6 bytes a weight (int8 one scale per row, int4 groups of 32); on the native CPU kernels decode steps"
+    " quantize activations to int16 blocks for int8/int4 and prefills multiply by the dequantized weights in"
+    " bfloat16 (AMX CPUs) or float32; float16 is GPU only"
+)
+
+
 def load_model_and_tokenizer(
     model_name: str, tokenizer_name: str | None, device: torch.device, precision: str | None = None
 ) -> tuple[Any, Any]:
@@ -30,7 +39,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, inference: bool = Fa
             "--dtype",
             choices=PRECISIONS,
             default="float32",
-            help="weights' precision (default float32; int8 / int4 = 8- / 4-bit weights, bfloat16 activations)",
+            help=DTYPE_HELP,
         )
         parser.add_argument("--device", default="auto", help="'auto' (cuda when available), 'cpu', 'cuda', ...")
 
