@@ -344,6 +344,13 @@ def test_gpt2_eval_refuses_a_negative_num_fewshot(
     assert "--num-fewshot must be an integer >= 0" in capsys.readouterr().err
 
 
+def test_records_given_as_a_one_pass_iterator_are_read_for_questions_and_shots(ours: tuple[GPT, Any]) -> None:
+    model, tokenizer = ours
+    from_list = evaluate_choice(model, tokenizer, CHOICE_TEST, fewshot=FewShot(k=NUM_FEWSHOT))
+    from_iterator = evaluate_choice(model, tokenizer, iter(CHOICE_TEST), fewshot=FewShot(k=NUM_FEWSHOT))
+    assert from_iterator == from_list and from_list["num_examples"] == len(CHOICE_TEST)
+
+
 def test_a_malformed_choice_line_names_the_file_and_line(files: dict[str, Path], tmp_path: Path) -> None:
     bad = write_jsonl(tmp_path / "bad.jsonl", [CHOICE_TEST[0], {"query": "x", "choices": ["a", "b"], "label": 2}])
     with pytest.raises(ValueError, match=r"bad.jsonl:2: 'label' 2 is not an index of the 2 choices"):
