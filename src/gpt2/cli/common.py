@@ -11,7 +11,6 @@ from gpt2.api import LLM
 from gpt2.inference.layouts import PRECISIONS
 from gpt2.inference.sampling import SamplingParams
 
-
 # What --dtype does, in one line for every command that takes it (README's "Precisions" table has the detail).
 DTYPE_HELP = (
     "inference precision (default float32: the logits of the trained model). bfloat16 / int8 / int4 store 2 / 1 /"
