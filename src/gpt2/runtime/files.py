@@ -42,7 +42,7 @@ def remove_stale_temporaries(path: Path) -> list[Path]:
     """Remove the temporaries that earlier writes to `path` left behind, where their writer ran on this host and
     is no longer running (files or folders). Returns what was removed."""
     pattern = re.compile(rf"\.{re.escape(path.name)}\.(?P<host>\w+)-(?P<pid>\d+)\.[0-9a-f]+\.tmp")
-    removed = []
+    removed: list[Path] = []
     if not path.parent.is_dir():
         return removed
     for candidate in path.parent.iterdir():
