@@ -21,6 +21,7 @@ from gpt2.inference.layouts import prepare_for_inference
 from gpt2.inference.sampling import SamplingParams
 from gpt2.model import GPT
 from gpt2.runtime.device import resolve_device
+from gpt2.runtime.gguf import is_gguf
 from gpt2.tokenizer import load_tokenizer
 from gpt2.tokenizer.protocol import TextTokenizer
 from gpt2.weights import load_model, save_pretrained
@@ -80,6 +81,8 @@ def _tokenizer_for(model: str | os.PathLike[str], tokenizer: str | os.PathLike[s
     if tokenizer is not None:
         return load_tokenizer(tokenizer)
     local = Path(model).expanduser()
+    if is_gguf(local):
+        return load_tokenizer(local)  # a GGUF file carries its tokenizer
     source = local.parent if local.is_file() else model  # an llm.c file: look in its folder
     try:
         return load_tokenizer(source)

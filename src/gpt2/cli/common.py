@@ -11,6 +11,8 @@ from gpt2.api import LLM
 from gpt2.inference.layouts import PRECISIONS
 from gpt2.inference.sampling import SamplingParams
 
+# What --model reads (gpt2.weights.load_model), for every command that loads one.
+MODEL_HELP = "model directory, Hub name, OpenAI TF release, llm.c .bin or GGUF file (llama.cpp's; its tokenizer too)"
 # What --dtype does, in one line for every command that takes it (README's "Precisions" table has the detail).
 DTYPE_HELP = (
     "inference precision (default float32: the logits of the trained model). bfloat16 / int8 / int4 store 2 / 1 /"
@@ -31,7 +33,7 @@ def load_model_and_tokenizer(
 
 def add_model_arguments(parser: argparse.ArgumentParser, *, inference: bool = False) -> None:
     """--model and --tokenizer (what `LLM.load` reads); with `inference`, also --dtype and --device."""
-    parser.add_argument("--model", required=True, help="model directory, Hub name, OpenAI TF release or llm.c file")
+    parser.add_argument("--model", required=True, help=MODEL_HELP)
     parser.add_argument("--tokenizer", help="tokenizer directory or Hub name (default: the one saved with the model)")
     if inference:
         parser.add_argument(
