@@ -40,10 +40,27 @@ def newton_schulz(
     updates: torch.Tensor, steps: int, coefficients: tuple[float, float, float] = NS_COEFFICIENTS, eps: float = NS_EPS
 ) -> torch.Tensor:
     """The approximate orthogonal factor of each matrix of `updates` (n, rows, cols), rows <= cols, in the dtype
-    given (the caller casts). One chain of batched matmuls for all n matrices."""
+    given (the caller casts). One chain of batched matmuls for all n matrices.
+
+    In float32, a matrix at least twice as wide as tall takes the Gram form: every iterate is X_k = M_k X_0 with
+    M_k a polynomial in A_0 = X_0 X_0^T, so the iterations run on (rows, rows) matrices (P = aI + bA + cA^2,
+    M <- P M, A <- P^2 A, since P commutes with A) and X_0 is touched twice instead of 2 * steps times: the same
+    result in exact arithmetic, ~40% fewer FLOPs for the MLP's [C, 4C]. bfloat16 keeps the plain form (the Gram
+    form loses accuracy in low precision)."""
     a, b, c = coefficients
     norms = torch.linalg.vector_norm(updates, dim=(-2, -1), keepdim=True).clamp_min(eps)  # (n, 1, 1)
     x = updates / norms  # spectral norm <= Frobenius norm = 1
+    rows, cols = x.shape[-2:]
+    if x.dtype == torch.float32 and cols >= 2 * rows:
+        gram = torch.bmm(x, x.mT)  # A_0: (n, rows, rows)
+        identity = torch.eye(rows, dtype=x.dtype, device=x.device).expand_as(gram)
+        transform = None
+        for step in range(steps):
+            poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c).add_(identity, alpha=a)  # P = aI + bA + cA^2
+            transform = poly if transform is None else torch.bmm(poly, transform)  # M <- P M
+            if step < steps - 1:
+                gram = torch.bmm(poly, torch.bmm(poly, gram))  # A <- P A P = P^2 A
+        return torch.bmm(transform, x) if transform is not None else x
     for _ in range(steps):
         gram = torch.bmm(x, x.mT)  # (n, rows, rows)
         poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)  # b A + c A^2
