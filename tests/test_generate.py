@@ -656,3 +656,14 @@ def test_sample_cli_without_a_tokenizer_says_how_to_give_one(fixtures_dir: Path,
 def test_sample_cli_refuses_bad_sampling_options(saved_model_dir: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["sample", "--model", str(saved_model_dir), "--prompt", "x", "--top-p", "1.5"]) == 2
     assert "top_p must be in (0, 1]" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------- one input check
+def test_the_model_generation_and_inspection_refuse_a_bad_id_with_one_error_type(model: GPT) -> None:
+    from gpt2.inspect.hooks import run_with_cache
+    from gpt2.model import TokenIdError
+
+    idx = torch.tensor([[1, 300, 2]])
+    for call in (lambda: model(idx), lambda: generate(model, idx, 2), lambda: run_with_cache(model, idx)):
+        with pytest.raises(TokenIdError, match=r"token id 300 is outside the vocabulary \[0, 300\)"):
+            call()

@@ -37,6 +37,7 @@ import torch
 from gpt2.inference.decoder import native_decoder
 from gpt2.inference.sampling import SamplingParams, sample_next_token
 from gpt2.inference.text import TextAssembler
+from gpt2.model import check_token_ids
 from gpt2.tokenizer.protocol import TextTokenizer
 
 if TYPE_CHECKING:
@@ -257,9 +258,7 @@ def _check_prompt(model: GPT, idx: Any, attention_mask: Any, truncate: Truncate)
             f"prompt of {T} tokens exceeds the model's context block_size={config.block_size}; shorten it or pass "
             "truncate='left' to keep its last block_size tokens"
         )
-    if int(idx.min()) < 0 or int(idx.max()) >= config.vocab_size:
-        bad = idx[(idx < 0) | (idx >= config.vocab_size)][0].item()
-        raise ValueError(f"token id {bad} is outside the vocabulary [0, {config.vocab_size}); check the tokenizer")
+    check_token_ids(idx, config.vocab_size)
     if attention_mask is None:
         return
     if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != idx.shape:
