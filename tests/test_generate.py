@@ -667,3 +667,59 @@ def test_the_model_generation_and_inspection_refuse_a_bad_id_with_one_error_type
     for call in (lambda: model(idx), lambda: generate(model, idx, 2), lambda: run_with_cache(model, idx)):
         with pytest.raises(TokenIdError, match=r"token id 300 is outside the vocabulary \[0, 300\)"):
             call()
+
+
+# ------------------------------------------------------------------------------- one sampler
+EXTREME = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True, width=32),
+    st.sampled_from([float("inf"), float("-inf"), 3.4e38, -3.4e38, 1e30, 0.0]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.lists(st.lists(EXTREME, min_size=1, max_size=12), min_size=1, max_size=4).filter(
+        lambda rows: len({len(row) for row in rows}) == 1
+    ),
+    temperature=st.one_of(st.sampled_from([0.0, 1e-45, 1e-6, 1e-5, 0.7, 1.0, 1e6]), st.floats(0, 1e3)),
+    top_k=st.one_of(st.none(), st.integers(1, 12)),
+    top_p=st.one_of(st.none(), st.floats(0.01, 1.0)),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_the_sampler_draws_an_id_in_the_vocabulary_with_a_finite_or_top_logit(
+    rows: list[list[float]], temperature: float, top_k: int | None, top_p: float | None, seed: int
+) -> None:
+    logits = torch.tensor(rows, dtype=torch.float32)
+    usable = ~(torch.isnan(logits) | torch.isneginf(logits))  # (B, V): tokens that may be drawn
+    generator = torch.Generator().manual_seed(seed)
+    options = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+    if not bool(usable.any(dim=-1).all()):
+        with pytest.raises(ValueError, match="every token has logit -inf"):
+            sample_next_token(logits, **options)
+        return
+    token = sample_next_token(logits, **options)
+    assert token.shape == (len(rows),) and token.dtype == torch.long
+    assert bool(((token >= 0) & (token < logits.size(-1))).all())
+    assert bool(usable.gather(1, token[:, None]).all())
+    if bool(torch.isposinf(logits).any(dim=-1).all()):  # +inf tokens take the whole probability
+        assert bool(torch.isposinf(logits.gather(1, token[:, None])).all())
+
+
+def test_a_vanishing_temperature_is_greedy_not_an_id_past_the_vocabulary(model: GPT) -> None:
+    # the report of issue 23: temperature=1e-45 drew id vocab_size; below GREEDY_BELOW_TEMPERATURE the draw is argmax
+    from gpt2.inference.sampling import GREEDY_BELOW_TEMPERATURE
+
+    idx = torch.tensor(prompts([5]))
+    greedy = generate(model, idx, 8, temperature=0)
+    for temperature in (1e-45, 1e-6, GREEDY_BELOW_TEMPERATURE / 2):
+        assert torch.equal(generate(model, idx, 8, temperature=temperature, seed=0), greedy)
+    assert SamplingParams(temperature=1e-45).greedy and not SamplingParams(temperature=1e-5).greedy
+
+
+def test_one_generator_per_row_draws_what_each_row_draws_alone() -> None:
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    together = sample_next_token(logits, generator=[torch.Generator().manual_seed(s) for s in (7, 8, 9)])
+    alone = [
+        int(sample_next_token(logits[i : i + 1], generator=torch.Generator().manual_seed(7 + i))[0]) for i in range(3)
+    ]
+    assert together.tolist() == alone
