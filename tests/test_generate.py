@@ -333,7 +333,7 @@ def test_truncate_left_keeps_the_last_block_size_tokens(model: GPT) -> None:
 # ------------------------------------------------------------------------------- streaming
 def test_stream_yields_the_tokens_generate_returns(model: GPT) -> None:
     idx, mask = left_pad(prompts([2, 5]), pad_token_id=0)
-    steps = list(stream(model, idx, 12, seed=5, attention_mask=mask))
+    steps = list(stream(model, idx, SamplingParams(max_tokens=12, seed=5), attention_mask=mask))
     assert torch.equal(torch.stack(steps, dim=1), generate(model, idx, 12, seed=5, attention_mask=mask)[:, -12:])
 
 

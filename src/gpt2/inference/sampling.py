@@ -242,8 +242,10 @@ def sample_next_token(
     >>> sample_next_token(torch.tensor([[0.0, 3.0, float("inf")]]), temperature=1e-45).tolist()
     [2]
     """
-    finfo = torch.finfo(torch.float32)
-    logits = torch.nan_to_num(logits.float(), nan=-math.inf, posinf=finfo.max, neginf=-math.inf)
+    logits = logits.float().nan_to_num(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
+    # A row holding +inf: its +inf tokens share the draw (score 0), the rest can't be drawn. No device sync.
+    infinite = torch.isposinf(logits)  # (B, V)
+    logits = torch.where(infinite.any(dim=-1, keepdim=True), torch.where(infinite, 0.0, -math.inf), logits)
     best = logits.amax(dim=-1, keepdim=True)  # (B, 1)
     if bool(torch.isneginf(best).any()):
         row = int(torch.isneginf(best).nonzero()[0, 0])
