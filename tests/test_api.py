@@ -175,3 +175,42 @@ def test_sample_stops_at_a_stop_text(run_dir: Path, capsys: pytest.CaptureFixtur
         == 0
     )
     assert capsys.readouterr().out == full[: full.index(stop)] + "\n"
+
+
+# ------------------------------------------------------------------------------- many prompts, beams, rules
+PROMPTS = ["Hi", "Once upon a time", "ab", "The quick brown fox jumps"]
+
+
+def test_many_prompts_decoded_together_give_each_prompts_greedy_text_in_order(run_dir: Path) -> None:
+    llm = LLM.load(run_dir)
+    params = SamplingParams(max_tokens=20, temperature=0)
+    assert llm.generate(PROMPTS, params) == [llm.generate(prompt, params) for prompt in PROMPTS]
+
+
+def test_many_prompts_with_a_seed_give_each_prompts_seeded_samples(run_dir: Path) -> None:
+    llm = LLM.load(run_dir)
+    params = SamplingParams(max_tokens=12, seed=7, n=2, top_k=20)
+    assert llm.generate(PROMPTS, params) == [llm.generate(prompt, params) for prompt in PROMPTS]
+
+
+def test_many_prompts_with_stop_texts_and_rules_match_one_at_a_time(run_dir: Path) -> None:
+    llm = LLM.load(run_dir)
+    full = llm.generate("ab", SamplingParams(max_tokens=30, temperature=0))[0]
+    params = SamplingParams(max_tokens=30, temperature=0, stop=[full[10:12]], repetition_penalty=1.3, min_tokens=5)
+    assert llm.generate(["ab", "Hi"], params) == [llm.generate("ab", params), llm.generate("Hi", params)]
+
+
+def test_generate_with_beams_returns_n_beams_per_prompt(run_dir: Path) -> None:
+    llm = LLM.load(run_dir)
+    params = SamplingParams(max_tokens=10, temperature=0, num_beams=3, n=2)
+    single = llm.generate("Hi", params)
+    assert len(single) == 2 and single[0] != single[1]
+    assert llm.generate(["Hi", "ab"], params) == [single, llm.generate("ab", params)]
+
+
+def test_bad_words_as_text_are_never_produced(run_dir: Path) -> None:
+    llm = LLM.load(run_dir)
+    text = llm.generate("ab", SamplingParams(max_tokens=30, temperature=0))[0]
+    banned = text[3]
+    again = llm.generate("ab", SamplingParams(max_tokens=30, temperature=0, bad_words=[banned]))[0]
+    assert banned not in again and again != text

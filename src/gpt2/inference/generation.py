@@ -355,19 +355,64 @@ def stream_text(
     >>> for piece in stream_text(model, tok, "Once upon a time", params):   # doctest: +SKIP
     ...     print(piece, end="", flush=True)
     """
-    ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-    if not ids:
-        raise ValueError("the prompt encodes to no tokens; pass some text (or use the end-of-text token as a start)")
-    params = with_end_of_text(params, tokenizer)
-    stop_ids = [token for token in params.stop_token_ids if token < model.config.vocab_size]
+    ids = _prompt_ids(tokenizer, prompt)
+    params, stop_ids = _text_params(model, tokenizer, params)
     device = model.transformer.wte.weight.device
     options = DecodeOptions(vocab_limit=len(tokenizer), **engine_options)
-    tokens = stream(model, torch.tensor([ids], device=device), params.replace(stop_token_ids=stop_ids), options=options)
-    text = TextAssembler(tokenizer, params.stop)
-    for token in tokens:
-        token_id = int(token[0])
+    tokens = stream(model, torch.tensor([ids], device=device), params, options=options)
+    yield from text_pieces(tokenizer, (int(token[0]) for token in tokens), stop_ids, params.stop)
+
+
+def generate_texts(
+    model: GPT,
+    tokenizer: TextTokenizer,
+    prompts: Sequence[str | Sequence[int]],
+    params: SamplingParams,
+    **engine_options: Any,
+) -> list[list[str]]:
+    """params.n continuations of each prompt (texts or token ids), decoded together in one left-padded batch;
+    results in the prompts' order.
+
+    Each row draws with its own generator (the i-th continuation of every prompt with seed + i), so a row's
+    text is what `stream_text` gives for that prompt alone with params.for_sample(i) (greedy: exactly; sampled:
+    unless the padding's float rounding moves a draw across a boundary). num_beams > 1: the n best beams of
+    each prompt (`beam_search`), cut at stop ids and stop texts like the rest.
+    """
+    if isinstance(prompts, str) or len(prompts) == 0:
+        raise ValueError("generate_texts needs a list of prompts (texts or token id lists), got " + repr(prompts)[:40])
+    ids = [_prompt_ids(tokenizer, prompt) for prompt in prompts]
+    params, stop_ids = _text_params(model, tokenizer, params)
+    device = model.transformer.wte.weight.device
+    pad = stop_ids[0] if stop_ids else 0
+    options = DecodeOptions(vocab_limit=len(tokenizer), pad_token_id=pad, **engine_options)
+    n = params.n
+    if params.num_beams > 1:
+        from gpt2.inference.beam import beam_search  # beam search builds on this module
+
+        idx, mask = left_pad(ids, pad_token_id=pad, device=device)
+        sequences = beam_search(model, idx, params, attention_mask=mask, options=options).sequences
+        rows = [row[idx.size(1) :] for row in sequences.tolist()]  # (B * n) generated parts, prompt-major
+    else:
+        idx, mask = left_pad([prompt for prompt in ids for _ in range(n)], pad_token_id=pad, device=device)
+        generators = None
+        if params.seed is not None:
+            generators = [torch.Generator(device=device).manual_seed(params.seed + i) for _ in ids for i in range(n)]
+        steps = list(stream(model, idx, params.replace(seed=None), attention_mask=mask, generator=generators,
+                            options=options))  # fmt: skip
+        rows = torch.stack(steps, dim=1).tolist() if steps else [[] for _ in range(idx.size(0))]
+    texts = ["".join(text_pieces(tokenizer, iter(row), stop_ids, params.stop)) for row in rows]
+    return [texts[i * n : (i + 1) * n] for i in range(len(ids))]
+
+
+def text_pieces(
+    tokenizer: TextTokenizer, tokens: Iterator[int], stop_ids: Sequence[int], stop: Sequence[str]
+) -> Iterator[str]:
+    """The text of generated token ids, piece by piece: it ends before the first stop id, and before a stop
+    text (held back until it is known not to be one); never half a character."""
+    text = TextAssembler(tokenizer, stop)
+    for token_id in tokens:
         if token_id in stop_ids:
-            break
+            return
         piece, stopped = text.push(token_id)
         if piece:
             yield piece
@@ -376,3 +421,18 @@ def stream_text(
     rest = text.finish()
     if rest:
         yield rest
+
+
+def _prompt_ids(tokenizer: TextTokenizer, prompt: str | Sequence[int]) -> list[int]:
+    ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    if not ids:
+        raise ValueError("the prompt encodes to no tokens; pass some text (or use the end-of-text token as a start)")
+    return ids
+
+
+def _text_params(model: GPT, tokenizer: TextTokenizer, params: SamplingParams) -> tuple[SamplingParams, list[int]]:
+    """params as the text paths decode with (end-of-text first among the stop ids, bad-word texts as ids), and
+    those stop ids the model can produce."""
+    params = with_end_of_text(params, tokenizer)
+    stop_ids = [token for token in params.stop_token_ids if token < model.config.vocab_size]
+    return params.replace(stop_token_ids=tuple(stop_ids)), stop_ids
