@@ -13,10 +13,11 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import overload
 
 import torch
 
-from gpt2.inference.generation import stream_text
+from gpt2.inference.generation import generate_texts, stream_text
 from gpt2.inference.layouts import prepare_for_inference
 from gpt2.inference.sampling import SamplingParams
 from gpt2.model import GPT
@@ -25,6 +26,8 @@ from gpt2.runtime.gguf import is_gguf
 from gpt2.tokenizer import load_tokenizer
 from gpt2.tokenizer.protocol import TextTokenizer
 from gpt2.weights import load_model, save_pretrained
+
+Batch = list[list[str]]  # for each prompt, its continuations
 
 
 @dataclass
@@ -66,10 +69,25 @@ class LLM:
         """The continuation of `prompt` (text or token ids) as text pieces, while it is generated (`stream_text`)."""
         return stream_text(self.model, self.tokenizer, prompt, params or SamplingParams(), **engine_options)
 
-    def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> list[str]:
-        """`params.n` continuations of `prompt` (the i-th with seed + i when seeded)."""
+    @overload
+    def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> list[str]: ...
+    @overload
+    def generate(
+        self, prompt: list[str] | list[list[int]], params: SamplingParams | None = None
+    ) -> list[list[str]]: ...
+
+    def generate(
+        self, prompt: str | Sequence[int] | list[str] | list[list[int]], params: SamplingParams | None = None
+    ) -> list[str] | Batch:
+        """`params.n` continuations of `prompt` (the i-th with seed + i when seeded); for a list of prompts, a
+        list of those, in order, decoded together in one batch (`generate_texts`). num_beams > 1: the n best
+        beams."""
         params = params or SamplingParams()
-        return ["".join(self.stream(prompt, params.for_sample(i))) for i in range(params.n)]
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            return generate_texts(self.model, self.tokenizer, prompt, params)
+        if params.num_beams > 1:
+            return generate_texts(self.model, self.tokenizer, [prompt], params)[0]  # type: ignore[list-item]
+        return ["".join(self.stream(prompt, params.for_sample(i))) for i in range(params.n)]  # type: ignore[arg-type]
 
     def save(self, directory: str | os.PathLike[str]) -> Path:
         """The model in HF format with its tokenizer beside it: what `LLM.load` and transformers read."""
