@@ -583,6 +583,44 @@ def test_logit_bias_forces_a_token(client: Any) -> None:
     assert response.choices[0].text == "AAAAA"
 
 
+@pytest.mark.parametrize("temperature", [1e-45, 1e-6, 0.7, 1.0])
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_streamed_tokens_are_what_llm_generate_draws(client: Any, reference: LLM, temperature: float, seed: int):
+    # one sampler for both: the same greedy threshold, the same per-sequence generator and draw
+    stream = client.completions.create(model=MODEL, prompt="Hello", max_tokens=24, temperature=temperature,
+                                       seed=seed, stream=True)  # fmt: skip
+    streamed = "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
+    params = SamplingParams(max_tokens=24, temperature=temperature, seed=seed)
+    assert streamed == reference.generate("Hello", params)[0]
+
+
+@pytest.mark.parametrize(
+    "rule, context",
+    [
+        (dict(repetition_penalty=1.5), {}),
+        (dict(no_repeat_ngram_size=2), {}),
+        (dict(min_tokens=5), dict(logit_bias={256: 100.0})),  # end-of-text favoured: only min_tokens holds it off
+        (dict(bad_words=["A", [66, 66]]), dict(logit_bias={65: 8.0, 66: 8.0})),  # "A" and "BB" favoured, banned
+        (dict(presence_penalty=1.5, frequency_penalty=0.5), dict(logit_bias={67: 3.0})),
+    ],
+)
+def test_generation_rules_are_extra_body_fields_applied_as_llm_generate_applies_them(
+    client: Any, reference: LLM, rule: dict[str, Any], context: dict[str, Any]
+) -> None:
+    body = {**rule, **context, "logit_bias": {str(k): v for k, v in context.get("logit_bias", {}).items()}}
+    response = client.completions.create(model=MODEL, prompt="Hello hello", max_tokens=30, temperature=0,
+                                         extra_body=body)  # fmt: skip
+    expected = reference.generate("Hello hello", SamplingParams(max_tokens=30, temperature=0, **rule, **context))[0]
+    without_rule = reference.generate("Hello hello", SamplingParams(max_tokens=30, temperature=0, **context))[0]
+    assert response.choices[0].text == expected != without_rule
+
+
+def test_beam_search_is_refused_by_the_server_with_a_400(base_url: str) -> None:
+    response = httpx.post(f"{base_url}/v1/completions", json={"model": MODEL, "prompt": "x", "num_beams": 2,
+                                                               "temperature": 0}, timeout=WAIT_SECONDS)  # fmt: skip
+    assert response.status_code == 400 and response.json()["error"]["param"] == "num_beams"
+
+
 # ------------------------------------------------------------------------------------ chat
 def test_chat_reply_is_the_completion_of_gpt2s_chat_template(client: Any, reference: LLM) -> None:
     messages = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hello!"}]

@@ -412,7 +412,7 @@ def text_pieces(
     text = TextAssembler(tokenizer, stop)
     for token_id in tokens:
         if token_id in stop_ids:
-            return
+            break  # the bytes held back of an incomplete character still come out (as U+FFFD), as in decode
         piece, stopped = text.push(token_id)
         if piece:
             yield piece

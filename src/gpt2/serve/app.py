@@ -320,7 +320,6 @@ class _Service:
             SequenceRequest(
                 prompt,
                 params.for_sample(i).replace(n=1),
-                parsed.penalties,
                 parsed.logprobs,
                 prompt_logprobs,
             )

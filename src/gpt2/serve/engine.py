@@ -8,8 +8,9 @@ Each turn of its loop:
    without waiting for decode steps in between: the time to the first token is what the burst's clients see);
 2. run one batched decode step for all active sequences, (B, 1) tokens -> (B, V) logits;
 3. per row, with that sequence's own settings: log-probabilities when asked (of the model's distribution, before
-   penalties and temperature), presence/frequency penalties and logit bias, then `sample_next_token` with the
-   sequence's own generator (seeded: the tokens a lone `LLM.generate` call with that seed draws);
+   any rule and temperature), then the logits processors its SamplingParams asks for (penalties, bias, bans,
+   minimum length: gpt2.inference.processors, the same the offline decoder applies) and `sample_next_token`
+   with the sequence's own generator (seeded: the tokens a lone `LLM.generate` call with that seed draws);
 4. hand each sequence's new text to its consumer (`sink`), and let finished or cancelled sequences leave.
 
 Sequences join and leave only between steps, so a request never waits for another to finish. A sequence's
@@ -26,14 +27,14 @@ from __future__ import annotations
 import collections
 import enum
 import logging
-import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
+from gpt2.inference.processors import apply_processors, build_processors, with_end_of_text
 from gpt2.inference.sampling import SamplingParams, sample_next_token
 from gpt2.inference.text import TextAssembler
 from gpt2.model import GPT
@@ -42,12 +43,7 @@ from gpt2.tokenizer.protocol import TextTokenizer
 
 logger = logging.getLogger(__name__)
 
-PENALTY_RANGE = 2.0  # presence and frequency penalties lie in [-2, 2], as in OpenAI's API
-LOGIT_BIAS_RANGE = 100.0  # a logit bias lies in [-100, 100], as in OpenAI's API
 MAX_TOP_LOGPROBS = 20  # alternatives per token at most (OpenAI's chat limit)
-# softmax(logits / t) is one-hot (up to float32 rounding) long before t gets this small, and dividing float32
-# logits by a smaller t can overflow to inf: below it the draw is greedy.
-GREEDY_BELOW_TEMPERATURE = 1e-5
 # Prompt tokens prefilled in one turn of the loop at most (beyond the first sequence admitted): running
 # sequences wait for the admissions of a turn, so a burst of long prompts joins over several turns.
 PREFILL_TOKENS_PER_TURN = 2048
@@ -82,45 +78,12 @@ class SequenceStatus(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Penalties:
-    """What OpenAI's API adds to the logits before sampling (none of them by default).
-
-    A token's logit falls by presence (once it appears in the completion so far) and by frequency times the
-    number of times it appears there; logit_bias adds a fixed amount to chosen token ids. Only the completion
-    counts, not the prompt (as vLLM does).
-    """
-
-    presence: float = 0.0
-    frequency: float = 0.0
-    logit_bias: Mapping[int, float] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        for name, value in (("presence_penalty", self.presence), ("frequency_penalty", self.frequency)):
-            if not _is_finite_number(value) or not -PENALTY_RANGE <= value <= PENALTY_RANGE:
-                raise ValueError(f"{name} must be a number in [-2, 2], got {value!r}")
-        for token, bias in self.logit_bias.items():
-            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-                raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
-            if not _is_finite_number(bias) or not -LOGIT_BIAS_RANGE <= bias <= LOGIT_BIAS_RANGE:
-                raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {bias!r} for token {token}")
-
-    @property
-    def active(self) -> bool:
-        return bool(self.presence or self.frequency or self.logit_bias)
-
-
-def _is_finite_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-@dataclass(frozen=True)
 class SequenceRequest:
     """One sequence to generate: a prompt (token ids) and how to continue it. `params.n` is ignored: a request
     for n continuations submits n of these (each with `params.for_sample(i)`)."""
 
     prompt: Sequence[int]
     params: SamplingParams = field(default_factory=SamplingParams)
-    penalties: Penalties = field(default_factory=Penalties)
     logprobs: int | None = None
     """Log-probabilities of the generated tokens with this many top alternatives each (0: the token's own
     only); None: none."""
@@ -177,7 +140,14 @@ class _Sequence:
     """The engine's state of one sequence."""
 
     def __init__(
-        self, index: int, request: SequenceRequest, sink: Sink, max_new: int, device: torch.device, vocab_size: int
+        self,
+        index: int,
+        request: SequenceRequest,
+        sink: Sink,
+        max_new: int,
+        device: torch.device,
+        tokenizer: TextTokenizer,
+        vocab_size: int,
     ) -> None:
         self.index = index
         self.request = request
@@ -188,19 +158,17 @@ class _Sequence:
         self.pending = 0  # the last token drawn: fed to the model at the next step
         self.generated = 0
         self.text: TextAssembler | None = None
-        params = request.params
-        self.stop_ids = frozenset((*params.stop_token_ids,))
+        params = with_end_of_text(request.params, tokenizer)  # bad-word texts as ids, end-of-text a stop id
+        self.stop_ids = frozenset(params.stop_token_ids)
+        # The rules the offline decoder applies too (a ValueError here, e.g. a bias on an id past the vocabulary,
+        # refuses the request); `tokens` is what they see: the prompt, then every token drawn.
+        self.processors = build_processors(params, prompt_length=len(request.prompt), vocab_size=vocab_size)
+        self.tokens = list(request.prompt) if self.processors else []
         self.generator = torch.Generator(device=device)
         if params.seed is not None:
             self.generator.manual_seed(params.seed)
         else:
             self.generator.seed()  # a fresh random seed: unseeded sequences differ
-        self.counts = torch.zeros(vocab_size, device=device) if request.penalties.active else None
-        self.bias: torch.Tensor | None = None
-        if request.penalties.logit_bias:
-            self.bias = torch.zeros(vocab_size, device=device)
-            for token, value in request.penalties.logit_bias.items():
-                self.bias[token] = value
 
 
 class Ticket:
@@ -282,14 +250,13 @@ class Engine:
         sequences = []
         for index, request in enumerate(requests):
             self.check_prompt(request.prompt)
-            for token in request.penalties.logit_bias:
-                if token >= self.vocab_size:
-                    raise ValueError(
-                        f"logit_bias names token {token}, which is not in the vocabulary [0, {self.vocab_size})"
-                    )
+            if request.params.num_beams > 1:
+                raise ValueError("num_beams > 1 is beam search, which this server does not run; use LLM.generate")
             room = self.block_size - len(request.prompt)  # prompt + completion fit the context
             max_new = min(request.params.max_tokens, room)
-            sequences.append(_Sequence(index, request, sink, max_new, self.device, self.vocab_size))
+            sequences.append(
+                _Sequence(index, request, sink, max_new, self.device, self.tokenizer, self.vocab_size)
+            )
         with self._lock:
             if self._closing:
                 raise EngineStopped(SHUTTING_DOWN)
@@ -457,29 +424,21 @@ class Engine:
         finished leave."""
         logits = self._limit(logits.float())
         for row, sequence in enumerate(sequences):
-            request, params = sequence.request, sequence.request.params
-            row_logits = logits[row : row + 1]  # (1, V)
-            logprobs = F.log_softmax(row_logits[0], dim=-1) if request.logprobs is not None else None
-            if sequence.counts is not None:
-                penalties = request.penalties
-                row_logits = (
-                    row_logits
-                    - penalties.frequency * sequence.counts
-                    - penalties.presence * (sequence.counts > 0).float()
-                )
-            if sequence.bias is not None:
-                row_logits = row_logits + sequence.bias
-            temperature = params.temperature if params.temperature >= GREEDY_BELOW_TEMPERATURE else 0.0
-            token = int(
-                sample_next_token(
-                    row_logits,
-                    temperature=temperature,
-                    top_k=params.top_k,
-                    top_p=params.top_p,
-                    generator=sequence.generator,
-                )[0]
-            )
+            token = self._draw(sequence, logits[row : row + 1])
+            logprobs = F.log_softmax(logits[row], dim=-1) if sequence.request.logprobs is not None else None
             self._accept(sequence, token, logprobs, prompt_logprobs)
+
+    @staticmethod
+    def _draw(sequence: _Sequence, logits: torch.Tensor) -> int:
+        """One sequence's next token from its logits (1, V): its rules, then the one sampler every decoder uses."""
+        params = sequence.request.params
+        if sequence.processors:
+            token_ids = torch.tensor([sequence.tokens], dtype=torch.long, device=logits.device)  # (1, T)
+            logits = apply_processors(sequence.processors, token_ids, logits.clone())
+        drawn = sample_next_token(
+            logits, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, generator=sequence.generator
+        )
+        return int(drawn[0])
 
     def _accept(
         self,
@@ -492,8 +451,8 @@ class Engine:
         assert sequence.text is not None
         sequence.generated += 1
         sequence.pending = token
-        if sequence.counts is not None:
-            sequence.counts[token] += 1
+        if sequence.processors:
+            sequence.tokens.append(token)
         output = SequenceOutput(sequence.index, prompt_logprobs=prompt_logprobs, completion_tokens=sequence.generated)
         reason = None
         if token == self.eot_token or token in sequence.stop_ids:

@@ -8,7 +8,9 @@ are refused; unknown fields are ignored, as clients send extras.
 
 Completions (`/v1/completions`) and chat (`/v1/chat/completions`) share the sampling fields: max_tokens,
 temperature, top_p, top_k (an extension, as in vLLM), n, stop, seed, presence_penalty, frequency_penalty,
-logit_bias, stream, stream_options.include_usage.
+logit_bias, stream, stream_options.include_usage; and, as extra body fields with transformers' names (as vLLM
+accepts them): repetition_penalty, no_repeat_ngram_size, min_tokens, bad_words (texts or lists of token ids).
+All of them are SamplingParams fields, applied by the same logits processors as `LLM.generate`.
 """
 
 from __future__ import annotations
@@ -22,14 +24,20 @@ from typing import Any
 
 from gpt2.inference.sampling import SamplingParams
 from gpt2.serve.chat import ChatMessage, parse_messages
-from gpt2.serve.engine import MAX_TOP_LOGPROBS, EngineError, Penalties, SequenceOutput, TokenLogprob
+from gpt2.serve.engine import MAX_TOP_LOGPROBS, EngineError, SequenceOutput, TokenLogprob
 from gpt2.tokenizer.protocol import TextTokenizer
 
 MAX_TEMPERATURE = 2.0  # OpenAI's range is [0, 2]
 MAX_STOP_TEXTS = 16
 MAX_STOP_CHARS = 256
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # seeds are 64-bit, as a torch.Generator takes them
-SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids", "seed", "n")
+SAMPLING_FIELDS = (
+    "max_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids", "seed", "n", "presence_penalty",
+    "frequency_penalty", "logit_bias", "repetition_penalty", "no_repeat_ngram_size", "min_tokens", "bad_words",
+    "num_beams",
+)  # fmt: skip
+# Extra body fields (not OpenAI's) read as the SamplingParams fields of the same name.
+EXTRA_SAMPLING_FIELDS = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_tokens": 0, "num_beams": 1}
 
 
 class APIError(Exception):
@@ -68,7 +76,6 @@ class GenerationRequest:
 
     model: str
     params: SamplingParams
-    penalties: Penalties = field(default_factory=Penalties)
     logprobs: int | None = None
     """Alternatives per generated token (0: only the token's own log-probability); None: no logprobs."""
     stream: bool = False
@@ -174,35 +181,36 @@ def _generation_fields(body: dict[str, Any], *, default_max_tokens: int | None) 
             stop_token_ids=tuple(_list(body, "stop_token_ids")),
             seed=seed,
             n=n,
+            presence_penalty=_get(body, "presence_penalty", 0.0),
+            frequency_penalty=_get(body, "frequency_penalty", 0.0),
+            logit_bias=_logit_bias(body),
+            bad_words=_bad_words(body),
+            **{name: _get(body, name, default) for name, default in EXTRA_SAMPLING_FIELDS.items()},
         )
     except ValueError as err:
         raise bad_request(str(err), field_named(str(err))) from err
-    return dict(
-        model=model,
-        params=params,
-        penalties=_penalties(body),
-        stream=stream,
-        include_usage=include_usage,
-    )
+    return dict(model=model, params=params, stream=stream, include_usage=include_usage)
 
 
-def _penalties(body: dict[str, Any]) -> Penalties:
+def _logit_bias(body: dict[str, Any]) -> dict[int, Any]:
+    """OpenAI's logit_bias: an object of token ids written as strings -> bias."""
     bias = _get(body, "logit_bias", {})
     if not isinstance(bias, dict):
         raise bad_request(f"logit_bias must be an object of token id -> bias, got {_describe(bias)}", "logit_bias")
-    token_bias: dict[int, float] = {}
+    token_bias: dict[int, Any] = {}
     for key, value in bias.items():
         if not isinstance(key, str) or not (key.isascii() and key.isdigit()) or len(key) > 12:
             raise bad_request(f'logit_bias keys must be token ids such as "50256", got {key!r}', "logit_bias")
         token_bias[int(key)] = value
-    try:
-        return Penalties(
-            presence=_get(body, "presence_penalty", 0.0),
-            frequency=_get(body, "frequency_penalty", 0.0),
-            logit_bias=token_bias,
-        )
-    except ValueError as err:
-        raise bad_request(str(err), field_named(str(err))) from err
+    return token_bias
+
+
+def _bad_words(body: dict[str, Any]) -> tuple[Any, ...]:
+    """bad_words: texts, or lists of token ids (transformers' bad_words_ids)."""
+    words = _list(body, "bad_words")
+    if not all(isinstance(word, str) or isinstance(word, list) for word in words):
+        raise bad_request("bad_words must be a list of texts or of lists of token ids", "bad_words")
+    return tuple(word if isinstance(word, str) else tuple(word) for word in words)
 
 
 def _prompts(prompt: Any, max_prompts: int) -> tuple[str | tuple[int, ...], ...]:
