@@ -254,9 +254,7 @@ class Engine:
                 raise ValueError("num_beams > 1 is beam search, which this server does not run; use LLM.generate")
             room = self.block_size - len(request.prompt)  # prompt + completion fit the context
             max_new = min(request.params.max_tokens, room)
-            sequences.append(
-                _Sequence(index, request, sink, max_new, self.device, self.tokenizer, self.vocab_size)
-            )
+            sequences.append(_Sequence(index, request, sink, max_new, self.device, self.tokenizer, self.vocab_size))
         with self._lock:
             if self._closing:
                 raise EngineStopped(SHUTTING_DOWN)
