@@ -4,14 +4,20 @@ Notation: B = batch size, T = prompt length (columns, padding included), V = voc
 
 The public entry points share one decode loop (`stream`):
 
-- `generate(model, idx, max_new_tokens, ...)` -> (B, T + steps) token ids (what `GPT.generate` calls);
-- `stream(model, idx, max_new_tokens, ...)` yields the (B,) tokens of each step as soon as they exist;
-- `stream_text(model, tokenizer, prompt, max_new_tokens, ...)` yields text pieces, never half a character;
+- `stream(model, idx, params, processors=..., attention_mask=..., options=...)` yields the (B,) tokens of each
+  step as soon as they exist; `params` (SamplingParams) says what to draw, `options` (DecodeOptions) how the loop
+  runs (padding id, window, native step, compile);
+- `generate(model, idx, max_new_tokens, **fields)` -> (B, T + steps) token ids, the fields being SamplingParams'
+  and DecodeOptions' (num_beams > 1: the best beam, gpt2.inference.beam);
+- `stream_text(model, tokenizer, prompt, params)` yields text pieces, never half a character;
+  `generate_texts(model, tokenizer, prompts, params)` decodes many prompts in one left-padded batch;
 - `left_pad(list_of_token_lists, pad_token_id=...)` builds a left-padded batch and its attention mask.
 
-Sampling: temperature 0 is greedy (argmax); otherwise logits / temperature, then top-k, then top-p (nucleus),
-then one draw. Both filters keep ties together (see `filter_top_k`, `filter_top_p`), so the kept set never
-depends on how a sort orders equal values.
+Each step: the logits processors `build_processors` makes from params (penalties, bans, bias, minimum length,
+a vocabulary limit; gpt2.inference.processors), then the caller's, then the one sampler
+(gpt2.inference.sampling.sample_next_token): below GREEDY_BELOW_TEMPERATURE greedy (argmax); otherwise
+logits / temperature, then top-k, then top-p (nucleus), then one draw. Both filters keep ties together (see
+`filter_top_k`, `filter_top_p`), so the kept set never depends on how a sort orders equal values.
 
 Rows of a batch are independent: each stops on its own stop token or stop sequence, after which it receives
 `pad_token_id` and stops changing; the loop ends when every row has stopped or after `max_new_tokens` steps.
@@ -351,9 +357,14 @@ def stream_text(
     Without stops, the concatenated pieces equal `tokenizer.decode(new_tokens)`. Never draws an id the tokenizer
     does not have (a padded vocabulary). `engine_options` go to `stream` (truncate, slide_by, compile, ...).
 
-    >>> params = SamplingParams(max_tokens=50, top_k=40, stop=["\\n\\n"])
-    >>> for piece in stream_text(model, tok, "Once upon a time", params):   # doctest: +SKIP
-    ...     print(piece, end="", flush=True)
+    >>> from gpt2.config import GPTConfig
+    >>> from gpt2.model import GPT
+    >>> from gpt2.tokenizer import ByteTokenizer
+    >>> model = GPT(GPTConfig.from_name("gpt2-tiny", vocab_size=ByteTokenizer.vocab_size)).eval()
+    >>> params = SamplingParams(max_tokens=50, top_k=40, stop=["\\n\\n"], seed=0)
+    >>> pieces = list(stream_text(model, ByteTokenizer(), "Once upon a time", params))
+    >>> "".join(pieces) == "".join(stream_text(model, ByteTokenizer(), "Once upon a time", params))
+    True
     """
     ids = _prompt_ids(tokenizer, prompt)
     params, stop_ids = _text_params(model, tokenizer, params)
