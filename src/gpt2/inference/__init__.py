@@ -1,6 +1,6 @@
 """Inference: the sampling parameters, generation with a KV cache, and the CPU inference layouts."""
 
-from gpt2.inference.generation import DecodeOptions, generate, left_pad, stream, stream_text
+from gpt2.inference.generation import DecodeOptions, generate, generate_texts, left_pad, stream, stream_text
 from gpt2.inference.layouts import (
     Int4Linear,
     Int8Linear,
@@ -24,6 +24,7 @@ __all__ = [
     "filter_top_k",
     "filter_top_p",
     "generate",
+    "generate_texts",
     "left_pad",
     "optimize_for_inference",
     "prepare_for_inference",

@@ -4,14 +4,20 @@ Notation: B = batch size, T = prompt length (columns, padding included), V = voc
 
 The public entry points share one decode loop (`stream`):
 
-- `generate(model, idx, max_new_tokens, ...)` -> (B, T + steps) token ids (what `GPT.generate` calls);
-- `stream(model, idx, max_new_tokens, ...)` yields the (B,) tokens of each step as soon as they exist;
-- `stream_text(model, tokenizer, prompt, max_new_tokens, ...)` yields text pieces, never half a character;
+- `stream(model, idx, params, processors=..., attention_mask=..., options=...)` yields the (B,) tokens of each
+  step as soon as they exist; `params` (SamplingParams) says what to draw, `options` (DecodeOptions) how the loop
+  runs (padding id, window, native step, compile);
+- `generate(model, idx, max_new_tokens, **fields)` -> (B, T + steps) token ids, the fields being SamplingParams'
+  and DecodeOptions' (num_beams > 1: the best beam, gpt2.inference.beam);
+- `stream_text(model, tokenizer, prompt, params)` yields text pieces, never half a character;
+  `generate_texts(model, tokenizer, prompts, params)` decodes many prompts in one left-padded batch;
 - `left_pad(list_of_token_lists, pad_token_id=...)` builds a left-padded batch and its attention mask.
 
-Sampling: temperature 0 is greedy (argmax); otherwise logits / temperature, then top-k, then top-p (nucleus),
-then one draw. Both filters keep ties together (see `filter_top_k`, `filter_top_p`), so the kept set never
-depends on how a sort orders equal values.
+Each step: the logits processors `build_processors` makes from params (penalties, bans, bias, minimum length,
+a vocabulary limit; gpt2.inference.processors), then the caller's, then the one sampler
+(gpt2.inference.sampling.sample_next_token): below GREEDY_BELOW_TEMPERATURE greedy (argmax); otherwise
+logits / temperature, then top-k, then top-p (nucleus), then one draw. Both filters keep ties together (see
+`filter_top_k`, `filter_top_p`), so the kept set never depends on how a sort orders equal values.
 
 Rows of a batch are independent: each stops on its own stop token or stop sequence, after which it receives
 `pad_token_id` and stops changing; the loop ends when every row has stopped or after `max_new_tokens` steps.
@@ -30,23 +36,33 @@ last block_size tokens and recompute" loop, at the cost of a block_size-token pr
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gpt2.inference.beam import beam_search
 from gpt2.inference.decoder import native_decoder
+from gpt2.inference.decoding import DecodeOptions, Truncate, check_id_list, check_prompt, prefill, truncated_prompt
 from gpt2.inference.processors import LogitsProcessor, apply_processors, build_processors, with_end_of_text
 from gpt2.inference.sampling import Generators, SamplingParams, sample_next_token
 from gpt2.inference.text import TextAssembler
-from gpt2.model import check_token_ids
 from gpt2.tokenizer.protocol import TextTokenizer
 
 if TYPE_CHECKING:
-    from gpt2.model import GPT, KVCache
+    from gpt2.model import GPT
 
-Truncate = Literal["left"] | None
+__all__ = [
+    "DecodeOptions",
+    "Truncate",
+    "generate",
+    "generate_texts",
+    "left_pad",
+    "stream",
+    "stream_text",
+    "text_pieces",
+]
+
 DEFAULT_SLIDE_FRACTION = 4  # slide_by defaults to block_size // 4 (see the module docstring for the cost)
 
 
@@ -78,38 +94,6 @@ def left_pad(
 
 
 # ------------------------------------------------------------------------------------------ decoding
-@dataclass(frozen=True)
-class DecodeOptions:
-    """How the decode loop runs, apart from what to draw (that is SamplingParams and the processors)."""
-
-    pad_token_id: int | None = None
-    """What a stopped row receives (default: the first stop token id, else 0)."""
-    stop_sequences: tuple[tuple[int, ...], ...] = ()
-    """A row also stops after its last tokens equal one of these id sequences."""
-    vocab_limit: int | None = None
-    """Never draw ids >= this (a model whose vocabulary was padded beyond its tokenizer's)."""
-    truncate: Truncate = None
-    """'left': a prompt longer than block_size keeps its last block_size columns (otherwise an error)."""
-    slide_by: int | None = None
-    """k: the re-prefill on a full cache keeps block_size - k tokens (module docstring); default block_size // 4."""
-    compile: bool = False
-    """torch.compile the one-token decode step (worth it on GPU; the first call compiles)."""
-    native: bool | None = None
-    """Decode steps in the native decoder (gpt2.inference.decoder; same logits within rounding): None uses it
-    where it can run the model (a CPU model in eval mode with readable layers, kernels built), True requires it,
-    False never uses it. Prefills always run the model."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "stop_sequences", tuple(tuple(sequence) for sequence in self.stop_sequences))
-        if self.truncate not in (None, "left"):
-            raise ValueError(f"truncate must be None (error on a too-long prompt) or 'left', got {self.truncate!r}")
-        limit = self.vocab_limit
-        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-            raise ValueError(f"vocab_limit must be a positive integer (the tokenizer's size), got {limit!r}")
-        if any(len(sequence) == 0 for sequence in self.stop_sequences):
-            raise ValueError("stop_sequences contains an empty sequence; every stop sequence needs a token")
-
-
 _STREAM_KEYWORDS = ("processors", "attention_mask", "generator")
 _PARAMS_FIELDS = frozenset(field.name for field in dataclasses.fields(SamplingParams)) - {"max_tokens"}
 _OPTION_FIELDS = frozenset(field.name for field in dataclasses.fields(DecodeOptions))
@@ -138,8 +122,6 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, **options: Any)
     keywords = {k: v for k, v in options.items() if k in _STREAM_KEYWORDS}
     prompt = truncated_prompt(model, idx, decode.truncate).to(model.transformer.wte.weight.device)
     if params.num_beams > 1:
-        from gpt2.inference.beam import beam_search  # beam search builds on this module
-
         if keywords.get("generator") is not None:
             raise ValueError("beam search is deterministic: it takes no generator")
         beams = beam_search(
@@ -151,12 +133,6 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, **options: Any)
     if not steps:
         return prompt.clone()
     return torch.cat([prompt.long(), torch.stack(steps, dim=1)], dim=1)
-
-
-def truncated_prompt(model: GPT, idx: torch.Tensor, truncate: Truncate) -> torch.Tensor:
-    """idx (B, T), cut to its last block_size columns when truncate='left'."""
-    block_size = model.config.block_size
-    return idx[:, -block_size:] if truncate == "left" and idx.size(1) > block_size else idx
 
 
 @torch.no_grad()
@@ -283,56 +259,6 @@ def stream(
             positions = positions + 1
 
 
-def prefill(
-    model: GPT, tokens: torch.Tensor, mask: torch.Tensor | None, *, start: int, end: int, cache: KVCache
-) -> torch.Tensor:
-    """Run columns [start, end) through the model into an empty cache; the last column's logits (B, V).
-    Position ids come from the window's mask (each row's first real token at position 0) or count from 0."""
-    window_mask = mask[:, start:end] if mask is not None else None
-    hidden = model.hidden_states(tokens[:, start:end], attention_mask=window_mask, kv_cache=cache, validate=False)
-    return model.lm_head(hidden[:, -1])  # only the last position's logits are needed: (B, V)
-
-
-def check_prompt(model: GPT, idx: Any, attention_mask: Any, truncate: Truncate) -> None:
-    """Validate the prompt batch once, so the decode loop can call the model without per-step checks."""
-    config = model.config
-    if truncate not in (None, "left"):
-        raise ValueError(f"truncate must be None (error on a too-long prompt) or 'left', got {truncate!r}")
-    if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.dtype not in (torch.int64, torch.int32):
-        shape = tuple(idx.shape) if isinstance(idx, torch.Tensor) else type(idx).__name__
-        raise ValueError(f"idx must be a (B, T) tensor of integer token ids, got {shape}; add a batch dimension")
-    B, T = idx.shape
-    if B == 0 or T == 0:
-        raise ValueError(f"idx must hold at least one prompt of at least one token, got shape {(B, T)}")
-    if T > config.block_size and truncate != "left":
-        raise ValueError(
-            f"prompt of {T} tokens exceeds the model's context block_size={config.block_size}; shorten it or pass "
-            "truncate='left' to keep its last block_size tokens"
-        )
-    check_token_ids(idx, config.vocab_size)
-    if attention_mask is None:
-        return
-    if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != idx.shape:
-        shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else attention_mask
-        raise ValueError(f"attention_mask must have the shape of idx {(B, T)}, got {shape}")
-    if bool(((attention_mask != 0) & (attention_mask != 1)).any()):
-        raise ValueError("attention_mask must hold only 0 (padding) and 1 (token)")
-    if not bool(attention_mask[:, -1].all()) or bool((attention_mask[:, 1:] < attention_mask[:, :-1]).any()):
-        raise ValueError(
-            "attention_mask must describe left padding (0s then 1s in every row, last column 1): generation "
-            "continues after the last column; build the batch with gpt2.inference.generation.left_pad"
-        )
-
-
-def check_id_list(name: str, ids: Iterable[int] | None, vocab_size: int) -> list[int]:
-    """ids as a list, each checked to be a token id in [0, vocab_size); an error names `name` and the value."""
-    values = [] if ids is None else list(ids)
-    for value in values:
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
-            raise ValueError(f"{name} holds {value!r}, which is not a token id in [0, {vocab_size})")
-    return values
-
-
 # ------------------------------------------------------------------------------------------ text
 def stream_text(
     model: GPT,
@@ -351,9 +277,14 @@ def stream_text(
     Without stops, the concatenated pieces equal `tokenizer.decode(new_tokens)`. Never draws an id the tokenizer
     does not have (a padded vocabulary). `engine_options` go to `stream` (truncate, slide_by, compile, ...).
 
-    >>> params = SamplingParams(max_tokens=50, top_k=40, stop=["\\n\\n"])
-    >>> for piece in stream_text(model, tok, "Once upon a time", params):   # doctest: +SKIP
-    ...     print(piece, end="", flush=True)
+    >>> from gpt2.config import GPTConfig
+    >>> from gpt2.model import GPT
+    >>> from gpt2.tokenizer import ByteTokenizer
+    >>> model = GPT(GPTConfig.from_name("gpt2-tiny", vocab_size=ByteTokenizer.vocab_size)).eval()
+    >>> params = SamplingParams(max_tokens=50, top_k=40, stop=["\\n\\n"], seed=0)
+    >>> pieces = list(stream_text(model, ByteTokenizer(), "Once upon a time", params))
+    >>> "".join(pieces) == "".join(stream_text(model, ByteTokenizer(), "Once upon a time", params))
+    True
     """
     ids = _prompt_ids(tokenizer, prompt)
     params, stop_ids = _text_params(model, tokenizer, params)
@@ -387,8 +318,6 @@ def generate_texts(
     options = DecodeOptions(vocab_limit=len(tokenizer), pad_token_id=pad, **engine_options)
     n = params.n
     if params.num_beams > 1:
-        from gpt2.inference.beam import beam_search  # beam search builds on this module
-
         idx, mask = left_pad(ids, pad_token_id=pad, device=device)
         sequences = beam_search(model, idx, params, attention_mask=mask, options=options).sequences
         rows = [row[idx.size(1) :] for row in sequences.tolist()]  # (B * n) generated parts, prompt-major

@@ -23,7 +23,7 @@ penalties and the vocabulary limit. Temperature, top-k and top-p are the sampler
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -228,8 +228,8 @@ def build_processors(
     return processors
 
 
-def _check_ids(name: str, ids: object, vocab_size: int) -> None:
-    bad = [token for token in ids if token >= vocab_size]  # type: ignore[attr-defined]
+def _check_ids(name: str, ids: Iterable[int], vocab_size: int) -> None:
+    bad = [token for token in ids if token >= vocab_size]
     if bad:
         raise ValueError(f"{name} holds {bad[0]}, which is not a token id in [0, {vocab_size})")
 
