@@ -37,7 +37,7 @@ import torch
 
 from gpt2.config import GPTConfig
 from gpt2.export import export_gguf
-from gpt2.inference import prepare_for_inference, stream
+from gpt2.inference import SamplingParams, prepare_for_inference, stream
 from gpt2.model import GPT
 from gpt2.tokenizer import ByteTokenizer, load_tokenizer
 from gpt2.tokenizer.protocol import TextTokenizer
@@ -65,7 +65,7 @@ def prompt_ids(length: int, vocab: int = 50000) -> list[int]:
 @torch.no_grad()
 def ours_decode(model: GPT, prompt: list[int], new_tokens: int) -> float:
     """Tokens/s of the decode steps after the first new token (the first one comes with the prefill)."""
-    tokens = stream(model, torch.tensor([prompt]), new_tokens, temperature=0)
+    tokens = stream(model, torch.tensor([prompt]), SamplingParams(max_tokens=new_tokens, temperature=0))
     next(tokens)
     start = time.perf_counter()
     count = sum(1 for _ in tokens)

@@ -175,3 +175,85 @@ def test_sample_stops_at_a_stop_text(run_dir: Path, capsys: pytest.CaptureFixtur
         == 0
     )
     assert capsys.readouterr().out == full[: full.index(stop)] + "\n"
+
+
+# ------------------------------------------------------------------------------- many prompts, beams, rules
+PROMPTS = ["Hi", "Once upon a time", "ab", "The quick brown fox jumps"]
+
+
+def test_many_prompts_decoded_together_give_each_prompts_greedy_text_in_order(run_dir: Path) -> None:
+    llm = LLM.load(run_dir)
+    params = SamplingParams(max_tokens=20, temperature=0)
+    assert llm.generate(PROMPTS, params) == [llm.generate(prompt, params) for prompt in PROMPTS]
+
+
+def test_many_prompts_with_a_seed_give_each_prompts_seeded_samples(run_dir: Path) -> None:
+    llm = LLM.load(run_dir)
+    params = SamplingParams(max_tokens=12, seed=7, n=2, top_k=20)
+    assert llm.generate(PROMPTS, params) == [llm.generate(prompt, params) for prompt in PROMPTS]
+
+
+def test_many_prompts_with_stop_texts_and_rules_match_one_at_a_time(run_dir: Path) -> None:
+    llm = LLM.load(run_dir)
+    full = llm.generate("ab", SamplingParams(max_tokens=30, temperature=0))[0]
+    params = SamplingParams(max_tokens=30, temperature=0, stop=[full[10:12]], repetition_penalty=1.3, min_tokens=5)
+    assert llm.generate(["ab", "Hi"], params) == [llm.generate("ab", params), llm.generate("Hi", params)]
+
+
+def test_generate_with_beams_returns_n_beams_per_prompt(run_dir: Path) -> None:
+    llm = LLM.load(run_dir)
+    params = SamplingParams(max_tokens=10, temperature=0, num_beams=3, n=2)
+    single = llm.generate("Hi", params)
+    assert len(single) == 2 and single[0] != single[1]
+    assert llm.generate(["Hi", "ab"], params) == [single, llm.generate("ab", params)]
+
+
+def test_bad_words_as_text_are_never_produced(run_dir: Path) -> None:
+    llm = LLM.load(run_dir)
+    text = llm.generate("ab", SamplingParams(max_tokens=30, temperature=0))[0]
+    banned = text[3]
+    again = llm.generate("ab", SamplingParams(max_tokens=30, temperature=0, bad_words=[banned]))[0]
+    assert banned not in again and again != text
+
+
+def test_sample_with_generation_controls_prints_what_the_library_generates(
+    run_dir: Path, capsys: pytest.CaptureFixture
+) -> None:
+    llm = LLM.load(run_dir, device="cpu")
+    params = SamplingParams(
+        max_tokens=24, temperature=0, repetition_penalty=1.5, no_repeat_ngram_size=2, min_tokens=3,
+        bad_words=("e",), logit_bias={ord("a"): -5.0}, presence_penalty=0.5, frequency_penalty=0.25,
+    )  # fmt: skip
+    expected = llm.generate("ab", params)[0]
+    flags = ["--repetition-penalty", "1.5", "--no-repeat-ngram-size", "2", "--min-tokens", "3", "--bad-words", "e"]
+    flags += ["--logit-bias", f"{ord('a')}=-5", "--presence-penalty", "0.5", "--frequency-penalty", "0.25"]
+    command = ["sample", "--model", str(run_dir), "--prompt", "ab", "--temperature", "0", "--max-new-tokens", "24"]
+    assert main([*command, "--no-echo", *flags]) == 0
+    assert capsys.readouterr().out == expected + "\n"
+
+
+def test_sample_with_beams_prints_the_n_best_beams(run_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    from gpt2.cli.sample import SAMPLE_SEPARATOR
+
+    llm = LLM.load(run_dir, device="cpu")
+    beams = llm.generate("ab", SamplingParams(max_tokens=12, temperature=0, num_beams=4, n=2, length_penalty=0.5))
+    command = ["sample", "--model", str(run_dir), "--prompt", "ab", "--temperature", "0", "--max-new-tokens", "12"]
+    assert main([*command, "--num-beams", "4", "-n", "2", "--length-penalty", "0.5"]) == 0
+    assert capsys.readouterr().out == SAMPLE_SEPARATOR.join("ab" + beam for beam in beams) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--logit-bias", "x=1"], "--logit-bias takes TOKEN_ID=BIAS (e.g. 50256=-100), got 'x=1'"),
+        (["--num-beams", "4"], "num_beams=4 is beam search, which is deterministic: pass temperature=0 (got 1.0)"),
+        (["--repetition-penalty", "-1"], "repetition_penalty must be a number > 0 (1.0: off), got -1.0"),
+    ],
+)
+def test_sample_refuses_bad_generation_controls_in_one_line(
+    run_dir: Path, capsys: pytest.CaptureFixture, flags: list[str], message: str
+) -> None:
+    code = main(["sample", "--model", str(run_dir), "--prompt", "Hi", *flags])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert captured.err.strip() == f"gpt2 sample: error: {message}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -229,17 +230,18 @@ def test_a_source_that_matches_nothing_is_a_file_not_found_error_naming_it(tmp_p
     assert not (tmp_path / "out").exists()
 
 
-def test_invalid_utf8_is_replaced_counted_and_warned_about(tmp_path):
+def test_invalid_utf8_is_replaced_counted_and_warned_about(tmp_path, capsys):
     write(tmp_path / "bad.txt", b"caf\xe9 and \xff\xfe done")
     write(tmp_path / "genuine.txt", "a real \ufffd is not an error")
-    with pytest.warns(UserWarning, match="1 file.*not valid UTF-8"):
-        manifest = prepare(
-            [tmp_path / "bad.txt", tmp_path / "genuine.txt"],
-            tmp_path / "out",
-            ByteTokenizer(),
-            val_fraction=0.0,
-            progress=False,
-        )
+    manifest = prepare(
+        [tmp_path / "bad.txt", tmp_path / "genuine.txt"],
+        tmp_path / "out",
+        ByteTokenizer(),
+        val_fraction=0.0,
+        progress=False,
+    )
+    notice = capsys.readouterr().err
+    assert notice.startswith("gpt2: note: 1 file(s) had bytes that are not valid UTF-8") and notice.count("\n") == 1
     assert manifest["invalid_utf8"] == {
         "files": 1,
         "replacements": 3,
@@ -252,10 +254,9 @@ def test_invalid_utf8_is_replaced_counted_and_warned_about(tmp_path):
 def test_invalid_utf8_split_across_reads_is_counted_once(tmp_path):
     # a 2-byte character cut by the read boundary is valid; a lone continuation byte is not
     write(tmp_path / "a.txt", b"ab\xc3\xa9cd\x80ef")
-    with pytest.warns(UserWarning, match="not valid UTF-8"):
-        manifest = prepare(
-            [tmp_path / "a.txt"], tmp_path / "out", ByteTokenizer(), val_fraction=0.0, chunk_chars=3, progress=False
-        )
+    manifest = prepare(
+        [tmp_path / "a.txt"], tmp_path / "out", ByteTokenizer(), val_fraction=0.0, chunk_chars=3, progress=False
+    )
     assert manifest["invalid_utf8"]["replacements"] == 1
     assert ByteTokenizer().decode(load_split(tmp_path / "out", "train")[1:].tolist()) == "abécd\ufffdef"
 
@@ -421,22 +422,23 @@ def test_cli_prepare_handles_invalid_bytes_empty_files_and_a_5mb_line(tmp_path, 
     write(tmp_path / "corpus" / "b.txt", b"Latin-1 caf\xe9 here.\n")
     write(tmp_path / "corpus" / "c.txt", "")
     write(tmp_path / "corpus" / "d.txt", huge)
-    with pytest.warns(UserWarning, match="not valid UTF-8"):
-        status = main(
-            [
-                "prepare",
-                str(tmp_path / "corpus"),
-                "--out",
-                str(tmp_path / "out"),
-                "--tokenizer",
-                str(gpt2_bpe_dir),
-                "--chunk-chars",
-                "65536",
-                "--quiet",
-            ]
-        )
+    status = main(
+        [
+            "prepare",
+            str(tmp_path / "corpus"),
+            "--out",
+            str(tmp_path / "out"),
+            "--tokenizer",
+            str(gpt2_bpe_dir),
+            "--chunk-chars",
+            "65536",
+            "--quiet",
+        ]
+    )
     assert status == 0
-    printed = capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "not valid UTF-8" in printed.err
+    printed = printed.out
     assert "prepared 3 document(s)" in printed
     assert "1 empty file(s) skipped" in printed and "1 file(s) with invalid UTF-8 repaired" in printed
 
@@ -653,3 +655,17 @@ def test_stdlib_corpus_cut_keeps_the_first_file_even_when_it_alone_is_larger(tmp
     assert stdlib_files(max_bytes=100, root=tmp_path) == order[:1]
     with pytest.raises(ValueError, match="max_bytes must be positive or None, got 0"):
         stdlib_files(max_bytes=0, root=tmp_path)
+
+
+def test_cli_prepare_tells_of_invalid_utf8_in_one_clean_line(tmp_path):
+    # as a user sees it: no Python warning format (no source path, no echoed line of our code)
+    write(tmp_path / "bad.txt", b"caf\xe9 and \xff\xfe done\n" * 50)
+    done = subprocess.run(
+        [sys.executable, "-m", "gpt2.cli", "prepare", str(tmp_path / "bad.txt"), "--out", str(tmp_path / "out"),
+         "--tokenizer", "bytes", "--quiet"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "UTF-8" in line]
+    assert len(lines) == 1 and lines[0].startswith("gpt2: note: 1 file(s) had bytes that are not valid UTF-8")
+    assert "Warning" not in done.stderr and ".py:" not in done.stderr and "manifest = prepare(" not in done.stderr

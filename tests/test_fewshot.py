@@ -120,6 +120,7 @@ doc_to_target: "{{{{label}}}}"
 doc_to_choice: "choices"
 metric_list:
   - metric: acc
+  - metric: acc_norm
 ---
 task: gpt2_lambada_local
 dataset_path: json
@@ -131,6 +132,8 @@ test_split: test
 doc_to_text: "{{{{text.split(' ')[:-1]|join(' ')}}}}"
 doc_to_target: "{{{{' '+text.split(' ')[-1]}}}}"
 metric_list:
+  - metric: perplexity
+    aggregation: perplexity
   - metric: acc
 """
 
@@ -241,8 +244,12 @@ def test_zero_shot_is_the_query_alone() -> None:
 
 
 def test_more_shots_than_the_pool_holds_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="more examples than the few-shot pool holds"):
+    with pytest.raises(ValueError, match=r"--num-fewshot 2 needs more examples than the few-shot pool holds \(1\)"):
         fewshot_contexts([("Q", "A")], lambda doc: doc, [("P", "B")], FewShot(k=2))
+    pool = [("Q", "A"), ("P", "B")]  # 1 + 1 drawn from 2: fine; 2 + 1: the harness fails likewise
+    assert fewshot_contexts(pool[:1], lambda doc: doc, pool, FewShot(k=1), exclude_self=True) == ["P B\n\nQ"]
+    with pytest.raises(ValueError, match=r"--num-fewshot 2 \(drawn as 2 \+ 1, .*\) needs more examples"):
+        fewshot_contexts(pool[:1], lambda doc: doc, pool, FewShot(k=2), exclude_self=True)
 
 
 # ------------------------------------------------------------------------------------ against the harness
@@ -283,6 +290,18 @@ def test_hellaswag_fewshot_matches_the_harness(
     assert_same_requests(harness["gpt2_hellaswag_local"], requests, ours, lambda number: 4)
 
 
+def test_gpt2_eval_hellaswag_fewshot_scores_as_the_harness(
+    harness: dict[str, list[dict[str, Any]]], files: dict[str, Path], model_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "results.json"
+    args = ["eval", "hellaswag", "--model", str(model_dir), "--data", str(files["hellaswag_val"]), "--style", "lm-eval"]
+    args += ["--fewshot-data", str(files["hellaswag_train"]), "--num-fewshot", "2", "--no-progress", "--out", str(out)]
+    assert main(args) == 0
+    results, theirs = json.loads(out.read_text()), harness["results"][0]["gpt2_hellaswag_local"]
+    assert results["num_fewshot"] == 2
+    assert (results["acc"], results["acc_char_norm"]) == pytest.approx((theirs["acc,none"], theirs["acc_norm,none"]))
+
+
 def test_lambada_fewshot_matches_the_harness(
     harness: dict[str, list[dict[str, Any]]], files: dict[str, Path], ours: tuple[GPT, Any]
 ) -> None:
@@ -291,6 +310,17 @@ def test_lambada_fewshot_matches_the_harness(
     requests = [(context, target) for context, (_, target) in zip(contexts, pairs, strict=True)]
     assert "  " in contexts[0]  # the harness's shot: context + " " + " word" (two spaces)
     assert_same_requests(harness["gpt2_lambada_local"], requests, ours, lambda number: 1)
+
+
+def test_gpt2_eval_lambada_fewshot_scores_as_the_harness(
+    harness: dict[str, list[dict[str, Any]]], files: dict[str, Path], model_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "results.json"
+    args = ["eval", "lambada", "--model", str(model_dir), "--data", str(files["lambada"]), "--num-fewshot", "2"]
+    assert main([*args, "--no-progress", "--out", str(out)]) == 0
+    results, theirs = json.loads(out.read_text()), harness["results"][0]["gpt2_lambada_local"]
+    assert results["acc"] == pytest.approx(theirs["acc,none"])
+    assert results["perplexity"] == pytest.approx(theirs["perplexity,none"], rel=1e-4)
 
 
 # ------------------------------------------------------------------------------------ the command
@@ -312,6 +342,13 @@ def test_gpt2_eval_refuses_a_negative_num_fewshot(
     code = main(["eval", "lambada", "--model", str(model_dir), "--data", str(files["lambada"]), "--num-fewshot", "-1"])
     assert code == 2
     assert "--num-fewshot must be an integer >= 0" in capsys.readouterr().err
+
+
+def test_records_given_as_a_one_pass_iterator_are_read_for_questions_and_shots(ours: tuple[GPT, Any]) -> None:
+    model, tokenizer = ours
+    from_list = evaluate_choice(model, tokenizer, CHOICE_TEST, fewshot=FewShot(k=NUM_FEWSHOT))
+    from_iterator = evaluate_choice(model, tokenizer, iter(CHOICE_TEST), fewshot=FewShot(k=NUM_FEWSHOT))
+    assert from_iterator == from_list and from_list["num_examples"] == len(CHOICE_TEST)
 
 
 def test_a_malformed_choice_line_names_the_file_and_line(files: dict[str, Path], tmp_path: Path) -> None:

@@ -333,7 +333,7 @@ def test_truncate_left_keeps_the_last_block_size_tokens(model: GPT) -> None:
 # ------------------------------------------------------------------------------- streaming
 def test_stream_yields_the_tokens_generate_returns(model: GPT) -> None:
     idx, mask = left_pad(prompts([2, 5]), pad_token_id=0)
-    steps = list(stream(model, idx, 12, seed=5, attention_mask=mask))
+    steps = list(stream(model, idx, SamplingParams(max_tokens=12, seed=5), attention_mask=mask))
     assert torch.equal(torch.stack(steps, dim=1), generate(model, idx, 12, seed=5, attention_mask=mask)[:, -12:])
 
 
@@ -656,3 +656,70 @@ def test_sample_cli_without_a_tokenizer_says_how_to_give_one(fixtures_dir: Path,
 def test_sample_cli_refuses_bad_sampling_options(saved_model_dir: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["sample", "--model", str(saved_model_dir), "--prompt", "x", "--top-p", "1.5"]) == 2
     assert "top_p must be in (0, 1]" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------- one input check
+def test_the_model_generation_and_inspection_refuse_a_bad_id_with_one_error_type(model: GPT) -> None:
+    from gpt2.inspect.hooks import run_with_cache
+    from gpt2.model import TokenIdError
+
+    idx = torch.tensor([[1, 300, 2]])
+    for call in (lambda: model(idx), lambda: generate(model, idx, 2), lambda: run_with_cache(model, idx)):
+        with pytest.raises(TokenIdError, match=r"token id 300 is outside the vocabulary \[0, 300\)"):
+            call()
+
+
+# ------------------------------------------------------------------------------- one sampler
+EXTREME = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True, width=32),
+    st.sampled_from([float("inf"), float("-inf"), 3.4e38, -3.4e38, 1e30, 0.0]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.lists(st.lists(EXTREME, min_size=1, max_size=12), min_size=1, max_size=4).filter(
+        lambda rows: len({len(row) for row in rows}) == 1
+    ),
+    temperature=st.one_of(st.sampled_from([0.0, 1e-45, 1e-6, 1e-5, 0.7, 1.0, 1e6]), st.floats(0, 1e3)),
+    top_k=st.one_of(st.none(), st.integers(1, 12)),
+    top_p=st.one_of(st.none(), st.floats(0.01, 1.0)),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_the_sampler_draws_an_id_in_the_vocabulary_with_a_finite_or_top_logit(
+    rows: list[list[float]], temperature: float, top_k: int | None, top_p: float | None, seed: int
+) -> None:
+    logits = torch.tensor(rows, dtype=torch.float32)
+    usable = ~(torch.isnan(logits) | torch.isneginf(logits))  # (B, V): tokens that may be drawn
+    generator = torch.Generator().manual_seed(seed)
+    options = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+    if not bool(usable.any(dim=-1).all()):
+        with pytest.raises(ValueError, match="every token has logit -inf"):
+            sample_next_token(logits, **options)
+        return
+    token = sample_next_token(logits, **options)
+    assert token.shape == (len(rows),) and token.dtype == torch.long
+    assert bool(((token >= 0) & (token < logits.size(-1))).all())
+    assert bool(usable.gather(1, token[:, None]).all())
+    if bool(torch.isposinf(logits).any(dim=-1).all()):  # +inf tokens take the whole probability
+        assert bool(torch.isposinf(logits.gather(1, token[:, None])).all())
+
+
+def test_a_vanishing_temperature_is_greedy_not_an_id_past_the_vocabulary(model: GPT) -> None:
+    # the report of issue 23: temperature=1e-45 drew id vocab_size; below GREEDY_BELOW_TEMPERATURE the draw is argmax
+    from gpt2.inference.sampling import GREEDY_BELOW_TEMPERATURE
+
+    idx = torch.tensor(prompts([5]))
+    greedy = generate(model, idx, 8, temperature=0)
+    for temperature in (1e-45, 1e-6, GREEDY_BELOW_TEMPERATURE / 2):
+        assert torch.equal(generate(model, idx, 8, temperature=temperature, seed=0), greedy)
+    assert SamplingParams(temperature=1e-45).greedy and not SamplingParams(temperature=1e-5).greedy
+
+
+def test_one_generator_per_row_draws_what_each_row_draws_alone() -> None:
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    together = sample_next_token(logits, generator=[torch.Generator().manual_seed(s) for s in (7, 8, 9)])
+    alone = [
+        int(sample_next_token(logits[i : i + 1], generator=torch.Generator().manual_seed(7 + i))[0]) for i in range(3)
+    ]
+    assert together.tolist() == alone

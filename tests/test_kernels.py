@@ -16,7 +16,7 @@ import gpt2.inference.layouts as layouts
 from gpt2.config import GPTConfig
 from gpt2.inference import Int4Linear, Int8Linear, SplitLinear, prepare_for_inference, stream
 from gpt2.inference.decoder import native_decoder
-from gpt2.inference.generation import left_pad
+from gpt2.inference.generation import DecodeOptions, left_pad
 from gpt2.inference.kernels import (
     KIND,
     MANY_ROWS,
@@ -29,10 +29,18 @@ from gpt2.inference.kernels import (
     unpack_int4,
     unpack_int8,
 )
+from gpt2.inference.sampling import SamplingParams
 from gpt2.model import GPT, KVCache
 from gpt2.serve.batch import DecodeBatch
 
 SEED = 1234
+GREEDY_40 = SamplingParams(max_tokens=40, temperature=0)
+
+
+def window(native: bool) -> DecodeOptions:
+    return DecodeOptions(slide_by=8, native=native)
+
+
 PRECISIONS = ["float32", "bfloat16", "int8", "int4"]
 
 
@@ -238,7 +246,9 @@ def test_greedy_generation_is_the_same_with_and_without_native_steps() -> None:
     model = random_gpt(block_size=32)
     idx, mask = left_pad([[5, 6, 7, 8, 9], [10, 11], [3] * 20], pad_token_id=0)
     runs = [
-        torch.stack(list(stream(model, idx, 40, temperature=0, attention_mask=mask, slide_by=8, native=native)))
+        torch.stack(
+            list(stream(model, idx, GREEDY_40, attention_mask=mask, options=DecodeOptions(slide_by=8, native=native)))
+        )
         for native in (True, False)
     ]
     assert torch.equal(runs[0], runs[1])
@@ -247,7 +257,7 @@ def test_greedy_generation_is_the_same_with_and_without_native_steps() -> None:
 def test_native_true_refuses_a_model_it_cannot_run() -> None:
     model = random_gpt().train()
     with pytest.raises(ValueError, match="native decoding cannot run this model"):
-        next(stream(model, torch.tensor([[1, 2]]), 2, native=True))
+        next(stream(model, torch.tensor([[1, 2]]), SamplingParams(max_tokens=2), options=DecodeOptions(native=True)))
 
 
 def test_server_batch_steps_natively_and_agrees_with_the_model() -> None:

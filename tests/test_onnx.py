@@ -7,7 +7,11 @@ through the CLI with --dtype int8, which writes both graphs.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -16,11 +20,12 @@ import torch
 
 from conftest import shared_file
 from gpt2.cli import main
+from gpt2.config import GPTConfig
+from gpt2.export import export_onnx, onnx_input_names, onnx_output_names
 from gpt2.export import onnx as onnx_export
-from gpt2.export import onnx_input_names, onnx_output_names
 from gpt2.inference.generation import generate
 from gpt2.model import GPT
-from gpt2.tokenizer import load_tokenizer
+from gpt2.tokenizer import ByteTokenizer, load_tokenizer
 from gpt2.weights import load_model
 
 ort = pytest.importorskip("onnxruntime")
@@ -45,11 +50,18 @@ def model(model_dir: Path) -> GPT:
 def exported(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("onnx") / "tiny-onnx"
     tokenizer = shared_file("gpt2-bpe/encoder.json").parent
-    code = main(
-        ["export", "--model", str(model_dir), "--tokenizer", str(tokenizer), "--format", "onnx"]
-        + ["--dtype", "int8", "--out", str(out)]
-    )
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(
+            ["export", "--model", str(model_dir), "--tokenizer", str(tokenizer), "--format", "onnx"]
+            + ["--dtype", "int8", "--out", str(out)]
+        )
     assert code == 0
+    lines = printed.getvalue().splitlines()  # one line per graph, each with the dtype it holds
+    assert [line.split(" MB")[0].rsplit(",", 1)[0] for line in lines] == [
+        f"wrote {out / 'onnx' / 'model.onnx'} (onnx, f32",
+        f"wrote {out / 'onnx' / 'model_quantized.onnx'} (onnx, int8",
+    ]
     return out
 
 
@@ -163,6 +175,43 @@ def test_greedy_continuation_with_the_cache_is_ours(exported: Path, model: GPT) 
     assert tokens == expected
 
 
+TRANSFORMERS_JS_ENV = "GPT2_TRANSFORMERS_JS"
+TRANSFORMERS_JS_SCRIPT = """
+import {{ env, AutoTokenizer, AutoModelForCausalLM }} from "@huggingface/transformers";
+env.allowRemoteModels = false;
+env.localModelPath = {models};
+const tokenizer = await AutoTokenizer.from_pretrained({name});
+const model = await AutoModelForCausalLM.from_pretrained({name}, {{ dtype: "fp32" }});
+const inputs = tokenizer({prompt});
+const out = await model.generate({{ ...inputs, max_new_tokens: {steps}, do_sample: false }});
+console.log(JSON.stringify(out.tolist()[0].map(Number)));
+"""
+
+
+def test_transformers_js_generates_our_greedy_text(exported: Path, model: GPT, tmp_path: Path) -> None:
+    """Opt-in (it needs Node.js and the npm package): set GPT2_TRANSFORMERS_JS to a folder where
+    `npm install --ignore-scripts @huggingface/transformers` was run."""
+    folder = os.environ.get(TRANSFORMERS_JS_ENV)
+    if not folder or not (Path(folder) / "node_modules" / "@huggingface" / "transformers").is_dir():
+        pytest.skip(f"set {TRANSFORMERS_JS_ENV} to a folder with @huggingface/transformers installed (npm)")
+    prompt, steps = "The quick brown fox", 12
+    script = Path(folder) / f"gpt2-test-{os.getpid()}.mjs"  # node resolves the package from the script's folder
+    script.write_text(
+        TRANSFORMERS_JS_SCRIPT.format(
+            models=json.dumps(str(exported.parent) + "/"), name=json.dumps(exported.name), prompt=json.dumps(prompt),
+            steps=steps,
+        )
+    )  # fmt: skip
+    try:
+        done = subprocess.run(["node", str(script)], capture_output=True, text=True, timeout=300, check=False)
+    finally:
+        script.unlink()
+    assert done.returncode == 0, done.stderr
+    ids = load_tokenizer(exported).encode(prompt)
+    expected = generate(model, torch.tensor([ids]), steps, temperature=0, native=False)[0].tolist()
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == expected
+
+
 def test_int8_graph_runs_and_stays_close_to_fp32(exported: Path, model: GPT) -> None:
     fp32, int8 = session(exported / "onnx" / "model.onnx"), session(exported / "onnx" / "model_quantized.onnx")
     sizes = [(exported / "onnx" / name).stat().st_size for name in ("model_quantized.onnx", "model.onnx")]
@@ -175,6 +224,37 @@ def test_int8_graph_runs_and_stays_close_to_fp32(exported: Path, model: GPT) -> 
     # int8 weights move the logits by a small fraction of their spread; a wrong graph moves them by the spread
     assert np.abs(quantized - reference).mean() < 0.05 * reference.std()
     assert np.corrcoef(quantized.ravel(), reference.ravel())[0, 1] > 0.99
+
+
+@pytest.fixture(scope="module")
+def byte_model() -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=ByteTokenizer.vocab_size, block_size=16)).eval()
+
+
+def test_a_byte_level_model_exports_with_its_own_tokenizer_file(byte_model: GPT, tmp_path: Path) -> None:
+    (path,) = export_onnx(byte_model, ByteTokenizer(), tmp_path / "bytes")
+    assert path == tmp_path / "bytes" / "onnx" / "model.onnx"
+    assert (tmp_path / "bytes" / "byte_tokenizer.json").is_file() and (tmp_path / "bytes" / "config.json").is_file()
+    assert not (tmp_path / "bytes" / "tokenizer.json").exists()  # tokenizer.json describes BPE only
+    ids = np.array([list(b"hello")])
+    logits, _ = run(session(path), ids, np.ones_like(ids), np.arange(5)[None], empty_past(byte_model, 1))
+    with torch.no_grad():
+        expected = byte_model(torch.from_numpy(ids)).logits.numpy()
+    np.testing.assert_allclose(logits, expected, atol=FP32_TOLERANCE, rtol=0)
+
+
+def test_a_failed_export_leaves_nothing_behind(
+    byte_model: GPT, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(model: GPT, path: Path) -> None:
+        path.write_bytes(b"half a graph")
+        raise RuntimeError("the exporter failed")
+
+    monkeypatch.setattr(onnx_export, "write_onnx_graph", broken)
+    with pytest.raises(RuntimeError, match="the exporter failed"):
+        export_onnx(byte_model, ByteTokenizer(), tmp_path / "out", dtype="int8")
+    assert list(tmp_path.iterdir()) == []  # no folder, no half-written model.onnx, no staging folder
 
 
 def test_a_missing_onnx_extra_is_one_line_naming_it(

@@ -90,6 +90,8 @@ def test_the_wheel_in_a_fresh_venv_runs_gpt2_help_and_a_5_step_training(dist: Pa
     located = run([str(python), "-c", "import gpt2; print(gpt2.__file__)"], env=env, cwd=tmp_path).stdout
     assert located.startswith(site), located
     assert "usage: gpt2" in run([str(command), "--help"], env=env, cwd=tmp_path).stdout
+    source = "from gpt2.inference.kernels import SOURCE; print(SOURCE.is_file(), SOURCE)"  # compiled on first use
+    assert run([str(python), "-c", source], env=env, cwd=tmp_path).stdout.startswith(f"True {site}")
 
     out = tmp_path / "run"
     settings = {

@@ -38,6 +38,7 @@ from gpt2.model import GPT
 from gpt2.serve import (
     DecodeBatch,
     Engine,
+    EngineStopped,
     SequenceOutput,
     SequenceRequest,
     ServerConfig,
@@ -320,7 +321,8 @@ def test_stopping_the_engine_ends_running_sequences_with_an_error(gate: StepGate
     gate.open()
     stopper.join(WAIT_SECONDS)
     assert collector.done.is_set()
-    assert [collector.finish(index).error for index in range(2)] == ["the server is shutting down"] * 2
+    errors = [collector.finish(index).error for index in range(2)]
+    assert all(isinstance(error, EngineStopped) and str(error) == "the server is shutting down" for error in errors)
 
 
 # ------------------------------------------------------------------------------------ completions
@@ -771,6 +773,27 @@ def test_a_full_queue_answers_429_with_retry_after(llm: LLM, gate: StepGate) -> 
             assert running_one.result(WAIT_SECONDS).status_code == queued_one.result(WAIT_SECONDS).status_code == 200
     assert refused.status_code == 429 and refused.headers["retry-after"] == "3"
     assert refused.json()["error"]["code"] == "queue_full"
+
+
+def test_engine_errors_answer_by_type_in_one_table() -> None:
+    from gpt2.serve.app import ENGINE_ERRORS, engine_error
+    from gpt2.serve.engine import EngineError, EngineFailed, QueueFull
+
+    assert set(ENGINE_ERRORS) == set(EngineError.__subclasses__())  # every kind the engine raises has its answer
+    full = engine_error(QueueFull("the queue is full"), retry_after=3)
+    assert (full.status, full.code, full.headers) == (429, "queue_full", {"Retry-After": "3"})
+    stopping = engine_error(EngineStopped("shutting down is not what decides"))  # the type decides, not the text
+    assert (stopping.status, stopping.type, stopping.code) == (503, "server_error", "shutting_down")
+    failed = engine_error(EngineFailed("the server is shutting down"))
+    assert (failed.status, failed.code) == (500, None)
+
+
+def test_a_request_is_checked_once(llm: LLM, client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    check = Engine.check_prompt
+    monkeypatch.setattr(Engine, "check_prompt", lambda self, prompt: calls.append(len(prompt)) or check(self, prompt))
+    client.completions.create(model=MODEL, prompt="Hello", max_tokens=2)
+    assert len(calls) == 1
 
 
 def random_value(rng: random.Random, depth: int = 0) -> Any:

@@ -43,10 +43,13 @@ def torchrun(config: TrainConfig, tmp_path: Path) -> list[float]:
     return [record["loss"] for record in map(json.loads, lines) if "loss" in record]
 
 
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
-def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path, parallel):
-    # grad_accum_steps=2 exercises no_sync / the FSDP requires-sync flag on the first micro-step
-    settings = dict(max_steps=6, grad_accum_steps=2, eval_interval=3, checkpoint_interval=3, parallel=parallel)
+def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path, parallel, optimizer):
+    # grad_accum_steps=2 exercises no_sync / the FSDP requires-sync flag on the first micro-step; Muon under FSDP
+    # orthogonalizes the gathered matrices and keeps its shard of the update
+    settings = dict(max_steps=6, grad_accum_steps=2, eval_interval=3, checkpoint_interval=3, parallel=parallel,
+                    optimizer=optimizer)  # fmt: skip
     distributed = tiny_config(tmp_path / "dist", batch_size=2, **settings)
     single = tiny_config(tmp_path / "single", batch_size=2 * WORLD_SIZE, **settings)
 

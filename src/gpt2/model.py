@@ -26,6 +26,27 @@ IGNORE_INDEX = -100  # targets with this value do not count in the loss (padding
 INIT_STD = 0.02  # GPT-2's initializer_range
 
 
+class TokenIdError(ValueError):
+    """A token id outside the model's vocabulary: the tokenizer does not match the model."""
+
+
+def check_token_ids(idx: torch.Tensor, vocab_size: int) -> None:
+    """Refuse any id in `idx` (integer tensor, any shape) outside [0, vocab_size), naming the first one.
+
+    The one vocabulary check: the model, generation and inspection all call it (it syncs the device once).
+
+    >>> check_token_ids(torch.tensor([[1, 2, 300]]), 300)
+    Traceback (most recent call last):
+    ...
+    gpt2.model.TokenIdError: token id 300 is outside the vocabulary [0, 300); check the tokenizer matches the model
+    """
+    if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= vocab_size):
+        bad = idx[(idx < 0) | (idx >= vocab_size)][0].item()
+        raise TokenIdError(
+            f"token id {bad} is outside the vocabulary [0, {vocab_size}); check the tokenizer matches the model"
+        )
+
+
 class GPTOutput(NamedTuple):
     """What `GPT.forward` returns: logits always (B, T, V); loss only when targets were given."""
 
@@ -369,11 +390,8 @@ class GPT(nn.Module):
                 "truncate the input to the last block_size tokens"
             )
         checking_values = not torch.compiler.is_compiling()  # value checks sync the device; skip under compile
-        if checking_values and idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= V):
-            bad = idx[(idx < 0) | (idx >= V)][0].item()
-            raise ValueError(
-                f"token id {bad} is outside the vocabulary [0, {V}); check the tokenizer matches the model"
-            )
+        if checking_values:
+            check_token_ids(idx, V)
         if targets is not None:
             if not isinstance(targets, torch.Tensor) or targets.shape != idx.shape:
                 shape = tuple(targets.shape) if isinstance(targets, torch.Tensor) else type(targets).__name__

@@ -9,12 +9,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpt2.cli.common import add_sampling_arguments
+from gpt2.cli.common import MODEL_HELP, add_sampling_arguments
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("chat", help="chat with a fine-tuned model in the terminal (streams replies)")
-    parser.add_argument("--model", required=True, help="model directory or Hub name")
+    parser.add_argument("--model", required=True, help=MODEL_HELP)
     parser.add_argument("--tokenizer", help="tokenizer directory (default: the model's)")
     parser.add_argument("--adapter", help="a LoRA adapter directory (PEFT's format) to merge into the model")
     parser.add_argument("--system", help="a system message that starts the conversation")

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gpt2.cli.common import load_model_and_tokenizer
+from gpt2.cli.common import MODEL_HELP, load_model_and_tokenizer
 from gpt2.eval import (
     DEFAULT_BATCH_SIZE,
     FEWSHOT_SEED,
@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tasks = parser.add_subparsers(dest="task", metavar="TASK", required=True)
 
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--model", required=True, help="model directory (HF layout) or Hub name such as gpt2")
+    common.add_argument("--model", required=True, help=MODEL_HELP)
     common.add_argument("--tokenizer", help="tokenizer directory or Hub name (default: the model's directory)")
     common.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:1...")
     common.add_argument(

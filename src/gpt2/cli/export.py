@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     name = args.name or (model_path.stem if model_path.is_file() else model_path.name)
     result = export_model(llm.model, llm.tokenizer, args.format, args.out, dtype=dtype, name=name)
     for path in result.paths:
-        print(f"wrote {path} ({result.format}, {result.dtype}, {_size(path)})")
+        print(f"wrote {path} ({result.format}, {result.dtype_of(path)}, {_size(path)})")
     return 0
 
 

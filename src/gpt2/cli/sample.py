@@ -2,6 +2,8 @@
 
     gpt2 sample --model out/run1 --prompt "To be, or not" --max-new-tokens 200 --top-k 40 --seed 0
     echo "Once upon a time" | gpt2 sample --model gpt2 -n 3 --temperature 0.8
+    gpt2 sample --model gpt2 --prompt "The city" --repetition-penalty 1.3 --no-repeat-ngram-size 3
+    gpt2 sample --model gpt2 --prompt "The city" --temperature 0 --num-beams 4 -n 2
 
 The model is a HF-format directory (what `gpt2 train` writes, or `save_pretrained`) or a Hub name. The
 tokenizer is read from the model directory when it holds one (`gpt2 train` saves it there), else from
@@ -46,6 +48,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("the prompt is empty; pass --prompt TEXT or pipe text on stdin")
     llm = LLM.load(args.model, tokenizer=args.tokenizer, device=args.device, precision=args.dtype)
     engine = dict(truncate=args.truncate, slide_by=args.slide_by, compile=args.compile)
+    if params.num_beams > 1:  # beams are whole sequences: printed once found, best first
+        beams = llm.generate(prompt, params)
+        sys.stdout.write(SAMPLE_SEPARATOR.join(("" if args.no_echo else prompt) + beam for beam in beams) + "\n")
+        sys.stdout.flush()
+        return 0
     for sample in range(params.n):
         if sample:
             sys.stdout.write(SAMPLE_SEPARATOR)

@@ -5,8 +5,13 @@ The folder holds the prepared shards and manifest (see `gpt2.data.prepare`), the
 and `source.json`: the settings and source file sizes it was made from, written last, so its presence means
 the folder is complete. A folder whose `source.json` differs is made again.
 
-    >>> spec = DataSpec(data="stdlib", tokenizer="bpe", vocab_size=4096)            # doctest: +SKIP
-    >>> tokenizer, data_dir = prepare_data(spec, Path("out/stdlib/data"))         # doctest: +SKIP
+    >>> _ = (tmp / "input.txt").write_text("To be, or not to be: that is the question.\\n" * 100)
+    >>> spec = DataSpec(data=str(tmp / "input.txt"), tokenizer="bpe", vocab_size=270)  # or data="stdlib"
+    >>> tokenizer, data_dir = prepare_data(spec, tmp / "run" / "data")
+    >>> tokenizer.vocab_size, sorted(path.name for path in data_dir.iterdir())
+    (270, ['manifest.json', 'source.json', 'tokenizer', 'train_000000.bin', 'val_000000.bin'])
+    >>> prepare_data(spec, tmp / "run" / "data")[1] == data_dir  # the same settings: the folder is reused
+    True
 """
 
 from __future__ import annotations

@@ -90,9 +90,12 @@ def load_split(data_dir: str | Path, split: str, *, verify: bool = False) -> Tok
     1 TB split; `view[i:j]` reads those tokens only (see `gpt2.data.view`). Sizes are checked against the
     manifest; `verify=True` also checks every shard's sha256 (reads every byte once).
 
-    >>> tokens = load_split("data/shakespeare", "train")  # doctest: +SKIP
-    >>> tokens.dtype, tokens.ndim                           # doctest: +SKIP
-    (dtype('uint16'), 1)
+    >>> import numpy as np
+    >>> from gpt2.tokenizer import load_tokenizer
+    >>> _ = save_token_shards(tmp / "data", {"train": [np.arange(100), np.arange(50)]}, load_tokenizer("bytes"))
+    >>> tokens = load_split(tmp / "data", "train")
+    >>> len(tokens), tokens.dtype, tokens[98:102].tolist()  # the two shards read as one stream
+    (150, dtype('uint16'), [98, 99, 0, 1])
     """
     data_dir = Path(data_dir)
     manifest = read_manifest(data_dir)
@@ -128,8 +131,13 @@ def save_token_shards(
     `{name}_{k:06d}.bin`, then the manifest (written last). `load_split` and training read it like the output of
     `prepare`; use it for tokens made elsewhere or for synthetic corpora (tests, benchmarks). Returns the manifest.
 
-    >>> save_token_shards("data/synthetic", {"train": [ids[:1_000_000], ids[1_000_000:]], "val": [held_out]},
-    ...                   load_tokenizer("bytes"))  # doctest: +SKIP
+    >>> import numpy as np
+    >>> from gpt2.tokenizer import load_tokenizer
+    >>> ids = np.random.default_rng(0).integers(0, 256, size=3000)
+    >>> manifest = save_token_shards(tmp / "synthetic", {"train": [ids[:2000], ids[2000:2700]], "val": [ids[2700:]]},
+    ...                              load_tokenizer("bytes"))
+    >>> manifest["splits"]
+    {'train': 2700, 'val': 300}
     """
     out_dir = Path(out_dir)
     if (out_dir / MANIFEST_NAME).exists():

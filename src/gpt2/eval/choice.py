@@ -17,7 +17,7 @@ import numpy as np
 
 from gpt2.eval.common import DEFAULT_BATCH_SIZE
 from gpt2.eval.fewshot import FewShot, fewshot_contexts
-from gpt2.eval.files import JsonlSource, describe_source, read_jsonl, require_field
+from gpt2.eval.files import JsonlSource, describe_source, read_jsonl, require_field, reusable
 from gpt2.eval.scoring import ContinuationScore, score_texts
 from gpt2.model import GPT
 from gpt2.tokenizer.protocol import TextTokenizer
@@ -86,6 +86,7 @@ def evaluate_choice(
     Returns {"task", "num_examples", "num_fewshot", "acc", "acc_norm"}.
     """
     fewshot = fewshot or FewShot()
+    source = reusable(source)
     records = read_choice_records(source, limit=limit)
     pool: list[Mapping[str, Any]] = []
     if fewshot.k:  # the whole file, as the harness samples from the whole split whatever its --limit

@@ -66,17 +66,18 @@ class FewShotSampler(Generic[Doc]):
         if k == 0:
             return []
         if exclude is None:
-            return self._draw(self.pool, k)
-        shots = [doc for doc in self._draw(self.pool, k + 1) if doc != exclude][:k]
+            return self._draw(self.pool, k, f"--num-fewshot {k}")
+        needed = f"--num-fewshot {k} (drawn as {k} + 1, the question itself then dropped, as the harness does)"
+        shots = [doc for doc in self._draw(self.pool, k + 1, needed) if doc != exclude][:k]
         if len(shots) < k:
-            shots = self._draw([doc for doc in self.pool if doc != exclude], k)
+            shots = self._draw([doc for doc in self.pool if doc != exclude], k, needed)
         return shots
 
-    def _draw(self, pool: list[Doc], k: int) -> list[Doc]:
+    def _draw(self, pool: list[Doc], k: int, needed: str) -> list[Doc]:
         if k > len(pool):
             raise ValueError(
-                f"--num-fewshot {k if len(pool) == len(self.pool) else k - 1} asks for more examples than the "
-                f"few-shot pool holds ({len(self.pool)}); lower it or give a larger few-shot file"
+                f"{needed} needs more examples than the few-shot pool holds ({len(pool)}); "
+                "lower --num-fewshot or give a larger few-shot file"
             )
         return self.rng.sample(pool, k)
 

@@ -101,6 +101,12 @@ def read_jsonl(source: JsonlSource, limit: int | None) -> Iterator[tuple[str, An
         yield f"example {number}", item
 
 
+def reusable(source: JsonlSource) -> JsonlSource:
+    """`source` in a form that can be read more than once: a path as it is, records (maybe a one-pass iterator)
+    as a list. Few-shot evaluation reads a source twice: the questions, and the pool their examples come from."""
+    return source if isinstance(source, (str, os.PathLike)) else list(source)
+
+
 def describe_source(source: JsonlSource) -> str:
     """How error messages name a source: its path, or 'the records'."""
     return str(source) if isinstance(source, (str, os.PathLike)) else "the records"

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import numpy as np
 
 from gpt2.eval.fewshot import FewShot, fewshot_contexts
-from gpt2.eval.files import JsonlSource, describe_source, fetch_dataset, read_jsonl, require_field
+from gpt2.eval.files import JsonlSource, describe_source, fetch_dataset, read_jsonl, require_field, reusable
 from gpt2.eval.scoring import score_texts
 from gpt2.model import GPT
 from gpt2.tokenizer.protocol import TextTokenizer
@@ -126,6 +126,7 @@ def evaluate_hellaswag(
     if source is None:
         source = fetch_dataset("hellaswag")
     fewshot = fewshot or FewShot()
+    source = reusable(source)
     examples = read_hellaswag(source, limit=limit, style=style)
     contexts = [example.context for example in examples]
     if fewshot.k:

@@ -8,7 +8,7 @@ from typing import Any
 
 from gpt2.eval.common import DEFAULT_BATCH_SIZE
 from gpt2.eval.fewshot import FewShot, fewshot_contexts
-from gpt2.eval.files import JsonlSource, describe_source, fetch_dataset, read_jsonl, require_field
+from gpt2.eval.files import JsonlSource, describe_source, fetch_dataset, read_jsonl, require_field, reusable
 from gpt2.eval.scoring import score_texts
 from gpt2.model import GPT
 from gpt2.tokenizer.protocol import TextTokenizer
@@ -65,6 +65,7 @@ def evaluate_lambada(
     if source is None:
         source = fetch_dataset("lambada")
     fewshot = fewshot or FewShot()
+    source = reusable(source)
     pairs = read_lambada(source, limit=limit)
     if fewshot.k:
         contexts = fewshot_contexts(pairs, lambda pair: pair, read_lambada(source), fewshot)

@@ -133,8 +133,12 @@ def perplexity(
     result does not depend on it beyond float rounding. Give `num_bytes` (the UTF-8 bytes that tokens[1:]
     stand for, see `count_bytes`) to get bits per byte.
 
-    >>> model = GPT(GPTConfig.from_name("gpt2-tiny", vocab_size=257))  # doctest: +SKIP
-    >>> perplexity(model, tokens, stride=64).perplexity                 # doctest: +SKIP
+    >>> from gpt2 import GPTConfig
+    >>> model = GPT(GPTConfig.from_name("gpt2-tiny", vocab_size=257))  # block_size 128
+    >>> tokens = torch.randint(0, 257, (1000,), generator=torch.Generator().manual_seed(0))
+    >>> result = perplexity(model, tokens, stride=64)
+    >>> result.num_tokens, 150 < result.perplexity < 400  # untrained: about the vocabulary's 257
+    (999, True)
     """
     block_size = model.config.block_size
     context_length = block_size if context_length is None else context_length

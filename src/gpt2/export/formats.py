@@ -17,7 +17,7 @@ from pathlib import Path
 from gpt2.export.hf import HF_DTYPES, export_hf
 from gpt2.export.llamacpp import GGUF_DTYPES, export_gguf
 from gpt2.export.llmc import LLMC_DTYPES, export_llmc
-from gpt2.export.onnx import ONNX_DTYPES, export_onnx
+from gpt2.export.onnx import ONNX_DTYPES, ONNX_FILES, export_onnx
 from gpt2.model import GPT
 from gpt2.tokenizer.protocol import TextTokenizer
 
@@ -69,6 +69,12 @@ class ExportResult:
     format: str
     dtype: str
     paths: tuple[Path, ...]
+
+    def dtype_of(self, path: Path) -> str:
+        """The dtype `path` holds: the export's, except ONNX's fp32 graph written beside an int8 one."""
+        if self.format == "onnx":
+            return {name: dtype for dtype, name in ONNX_FILES.items()}.get(path.name, self.dtype)
+        return self.dtype
 
 
 def export_model(

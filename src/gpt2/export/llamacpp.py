@@ -16,10 +16,14 @@ norms (1-D) and the position embedding stay F32, as the converter keeps them (ll
 that). q8_0 needs rows that are a multiple of 32 values; a weight whose rows are not falls back to F16, as
 in the converter.
 
-Needs the `gguf` package (llama.cpp's own reader/writer): `pip install gguf`.
+Needs the `gguf` package (llama.cpp's own reader/writer): `pip install 'gpt2-faithful[gguf]'`.
+The names and the reader are in gpt2.weights.gguf (`load_model` reads these files back).
 
->>> export_gguf(model, tokenizer, "gpt2-f16.gguf", dtype="f16")      # doctest: +SKIP
-PosixPath('gpt2-f16.gguf')
+>>> from gpt2 import GPT, GPTConfig
+>>> from gpt2.tokenizer import load_tokenizer
+>>> model = GPT(GPTConfig.from_name("gpt2-tiny", vocab_size=50257))
+>>> export_gguf(model, load_tokenizer(gpt2_files), tmp / "gpt2-f16.gguf", dtype="f16").name
+'gpt2-f16.gguf'
 """
 
 from __future__ import annotations
@@ -33,52 +37,19 @@ import numpy as np
 from gpt2.export.common import check_tokenizer_fits, float32_tensors, unwrap
 from gpt2.model import GPT
 from gpt2.runtime.files import atomic_output
+from gpt2.runtime.gguf import gguf_package
 from gpt2.tokenizer import Tokenizer
 from gpt2.tokenizer.protocol import TextTokenizer
+from gpt2.weights.gguf import ARCHITECTURE, BLOCK_TENSOR_NAMES, gguf_tensor_name
 
-ARCHITECTURE = "gpt2"
 GGUF_DTYPES = ("f16", "f32", "bf16", "q8_0")  # the converter's default first
 
-# Our names -> llama.cpp's (llama-arch.cpp, LLM_ARCH_GPT2). Block tensors: transformer.h.{i}.X -> blk.{i}.Y.
-TENSOR_NAMES = {
-    "transformer.wte.weight": "token_embd.weight",
-    "transformer.wpe.weight": "position_embd.weight",
-    "transformer.ln_f.weight": "output_norm.weight",
-    "transformer.ln_f.bias": "output_norm.bias",
-    "lm_head.weight": "output.weight",  # written only when the head is not tied to wte
-}
-BLOCK_TENSOR_NAMES = {
-    "ln_1": "attn_norm",
-    "attn.c_attn": "attn_qkv",
-    "attn.c_proj": "attn_output",
-    "ln_2": "ffn_norm",
-    "mlp.c_fc": "ffn_up",
-    "mlp.c_proj": "ffn_down",
-}
 # Tensors that stay F32 whatever the file type (besides every 1-D tensor): llama.cpp's converter keeps them so.
 ALWAYS_F32 = ("position_embd.weight",)
 
 
-def gguf_tensor_name(name: str) -> str:
-    """Our parameter name -> llama.cpp's: `transformer.h.3.mlp.c_fc.weight` -> `blk.3.ffn_up.weight`."""
-    if name in TENSOR_NAMES:
-        return TENSOR_NAMES[name]
-    parts = name.split(".")
-    if parts[:2] == ["transformer", "h"] and len(parts) >= 5:
-        module, leaf = ".".join(parts[3:-1]), parts[-1]
-        if module in BLOCK_TENSOR_NAMES:
-            return f"blk.{parts[2]}.{BLOCK_TENSOR_NAMES[module]}.{leaf}"
-    raise ValueError(f"tensor {name!r} has no place in llama.cpp's GPT-2 layout")
-
-
 def _gguf() -> Any:
-    try:
-        import gguf
-    except ModuleNotFoundError as err:
-        raise ModuleNotFoundError(
-            "GGUF export needs the gguf package (llama.cpp's file library): pip install gguf"
-        ) from err
-    return gguf
+    return gguf_package()
 
 
 def _file_types(gguf: Any) -> dict[str, tuple[Any, Any]]:

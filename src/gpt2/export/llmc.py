@@ -14,8 +14,11 @@ The model file (read back by `gpt2.weights.load_llmc`), little-endian, no gaps:
 The tokenizer file: header 256 int32 = [20240328, 2, n_tokens, eot_id, 0, ...], then for every id in order one
 uint8 length and that many bytes (the token's raw bytes; a special token's text).
 
->>> export_llmc(model, "gpt2_124M.bin", tokenizer=tokenizer)       # doctest: +SKIP
-[PosixPath('gpt2_124M.bin'), PosixPath('gpt2_tokenizer.bin')]
+>>> from gpt2 import GPT, GPTConfig
+>>> from gpt2.tokenizer import load_tokenizer
+>>> model = GPT(GPTConfig.from_name("gpt2-tiny", vocab_size=50257))
+>>> [path.name for path in export_llmc(model, tmp / "gpt2_tiny.bin", tokenizer=load_tokenizer(gpt2_files))]
+['gpt2_tiny.bin', 'gpt2_tokenizer.bin']
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Inference: the sampling parameters, generation with a KV cache, and the CPU inference layouts."""
 
-from gpt2.inference.generation import generate, left_pad, stream, stream_text
+from gpt2.inference.generation import DecodeOptions, generate, left_pad, stream, stream_text
 from gpt2.inference.layouts import (
     Int4Linear,
     Int8Linear,
@@ -10,9 +10,13 @@ from gpt2.inference.layouts import (
     quantize_int4,
     quantize_int8,
 )
+from gpt2.inference.processors import LogitsProcessor, build_processors
 from gpt2.inference.sampling import SamplingParams, filter_top_k, filter_top_p, sample_next_token
 
 __all__ = [
+    "DecodeOptions",
+    "LogitsProcessor",
+    "build_processors",
     "Int4Linear",
     "Int8Linear",
     "SamplingParams",

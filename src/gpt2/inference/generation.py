@@ -29,14 +29,18 @@ last block_size tokens and recompute" loop, at the cost of a block_size-token pr
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from gpt2.inference.decoder import native_decoder
-from gpt2.inference.sampling import SamplingParams, sample_next_token
+from gpt2.inference.processors import LogitsProcessor, apply_processors, build_processors, with_end_of_text
+from gpt2.inference.sampling import Generators, SamplingParams, sample_next_token
 from gpt2.inference.text import TextAssembler
+from gpt2.model import check_token_ids
 from gpt2.tokenizer.protocol import TextTokenizer
 
 if TYPE_CHECKING:
@@ -74,21 +78,83 @@ def left_pad(
 
 
 # ------------------------------------------------------------------------------------------ decoding
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How the decode loop runs, apart from what to draw (that is SamplingParams and the processors)."""
+
+    pad_token_id: int | None = None
+    """What a stopped row receives (default: the first stop token id, else 0)."""
+    stop_sequences: tuple[tuple[int, ...], ...] = ()
+    """A row also stops after its last tokens equal one of these id sequences."""
+    vocab_limit: int | None = None
+    """Never draw ids >= this (a model whose vocabulary was padded beyond its tokenizer's)."""
+    truncate: Truncate = None
+    """'left': a prompt longer than block_size keeps its last block_size columns (otherwise an error)."""
+    slide_by: int | None = None
+    """k: the re-prefill on a full cache keeps block_size - k tokens (module docstring); default block_size // 4."""
+    compile: bool = False
+    """torch.compile the one-token decode step (worth it on GPU; the first call compiles)."""
+    native: bool | None = None
+    """Decode steps in the native decoder (gpt2.inference.decoder; same logits within rounding): None uses it
+    where it can run the model (a CPU model in eval mode with readable layers, kernels built), True requires it,
+    False never uses it. Prefills always run the model."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stop_sequences", tuple(tuple(sequence) for sequence in self.stop_sequences))
+        if self.truncate not in (None, "left"):
+            raise ValueError(f"truncate must be None (error on a too-long prompt) or 'left', got {self.truncate!r}")
+        limit = self.vocab_limit
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+            raise ValueError(f"vocab_limit must be a positive integer (the tokenizer's size), got {limit!r}")
+        if any(len(sequence) == 0 for sequence in self.stop_sequences):
+            raise ValueError("stop_sequences contains an empty sequence; every stop sequence needs a token")
+
+
+_STREAM_KEYWORDS = ("processors", "attention_mask", "generator")
+_PARAMS_FIELDS = frozenset(field.name for field in dataclasses.fields(SamplingParams)) - {"max_tokens"}
+_OPTION_FIELDS = frozenset(field.name for field in dataclasses.fields(DecodeOptions))
+
+
 def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, **options: Any) -> torch.Tensor:
     """Continue each row of `idx` (B, T) by up to `max_new_tokens` tokens; returns (B, T + steps).
 
-    steps is max_new_tokens, or fewer when every row has stopped earlier. Options are those of `stream`.
+    steps is max_new_tokens, or fewer when every row has stopped earlier. Options, by keyword: any SamplingParams
+    field (temperature, top_k, repetition_penalty, ...; num_beams > 1 runs beam search and returns its best
+    beam per row), any DecodeOptions field, and `stream`'s processors, attention_mask, generator.
 
-    >>> out = model.generate(torch.tensor([[1, 2, 3]]), 8, temperature=0)     # doctest: +SKIP
+    >>> from gpt2.config import GPTConfig
+    >>> from gpt2.model import GPT
+    >>> model = GPT(GPTConfig.from_name("gpt2-tiny", vocab_size=100)).eval()
+    >>> generate(model, torch.tensor([[1, 2, 3]]), 8, temperature=0).shape
+    torch.Size([1, 11])
     """
-    steps = list(stream(model, idx, max_new_tokens, **options))
-    prompt = _truncated_prompt(model, idx, options.get("truncate")).to(model.transformer.wte.weight.device)
+    unknown = set(options) - _PARAMS_FIELDS - _OPTION_FIELDS - set(_STREAM_KEYWORDS)
+    if unknown:
+        raise ValueError(f"unknown generation option(s) {sorted(unknown)}: see SamplingParams and DecodeOptions")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+    params = SamplingParams(max_tokens=max_new_tokens, **{k: v for k, v in options.items() if k in _PARAMS_FIELDS})
+    decode = DecodeOptions(**{k: v for k, v in options.items() if k in _OPTION_FIELDS})
+    keywords = {k: v for k, v in options.items() if k in _STREAM_KEYWORDS}
+    prompt = truncated_prompt(model, idx, decode.truncate).to(model.transformer.wte.weight.device)
+    if params.num_beams > 1:
+        from gpt2.inference.beam import beam_search  # beam search builds on this module
+
+        if keywords.get("generator") is not None:
+            raise ValueError("beam search is deterministic: it takes no generator")
+        beams = beam_search(
+            model, idx, params.replace(n=1), processors=keywords.get("processors", ()),
+            attention_mask=keywords.get("attention_mask"), options=decode,
+        )  # fmt: skip
+        return beams.sequences
+    steps = list(stream(model, idx, params, options=decode, **keywords))
     if not steps:
         return prompt.clone()
     return torch.cat([prompt.long(), torch.stack(steps, dim=1)], dim=1)
 
 
-def _truncated_prompt(model: GPT, idx: torch.Tensor, truncate: Truncate) -> torch.Tensor:
+def truncated_prompt(model: GPT, idx: torch.Tensor, truncate: Truncate) -> torch.Tensor:
+    """idx (B, T), cut to its last block_size columns when truncate='left'."""
     block_size = model.config.block_size
     return idx[:, -block_size:] if truncate == "left" and idx.size(1) > block_size else idx
 
@@ -97,75 +163,59 @@ def _truncated_prompt(model: GPT, idx: torch.Tensor, truncate: Truncate) -> torc
 def stream(
     model: GPT,
     idx: torch.Tensor,
-    max_new_tokens: int,
+    params: SamplingParams,
     *,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int | None = None,
-    generator: torch.Generator | None = None,
-    stop_token_ids: Iterable[int] | None = None,
-    stop_sequences: Iterable[Sequence[int]] | None = None,
-    pad_token_id: int | None = None,
+    processors: Sequence[LogitsProcessor] = (),
     attention_mask: torch.Tensor | None = None,
-    truncate: Truncate = None,
-    slide_by: int | None = None,
-    vocab_limit: int | None = None,
-    compile: bool = False,
-    native: bool | None = None,
+    generator: Generators = None,
+    options: DecodeOptions | None = None,
 ) -> Iterator[torch.Tensor]:
-    """Yield the next token of every row, (B,) long, one step at a time.
+    """Yield the next token of every row, (B,) long, one step at a time, up to params.max_tokens steps.
 
     idx: (B, T) prompts; left-padded batches pass `attention_mask` (B, T), 1 = token, 0 = padding (see
-    `left_pad`). temperature / top_k / top_p: see `sample_next_token`. seed or generator: reproducible draws
-    (same seed, same tokens). stop_token_ids: a row stops after emitting any of these (e.g. end-of-text);
-    stop_sequences: ... or after its last tokens equal one of these sequences. A stopped row then gets
-    pad_token_id (default: the first stop token id, else 0) and the loop ends when all rows have stopped.
-    truncate="left": a prompt longer than block_size keeps its last block_size columns (otherwise an error).
-    slide_by: k, the re-prefill on a full cache keeps block_size - k tokens (module docstring).
-    vocab_limit: never draw ids >= this (a model whose vocabulary was padded beyond its tokenizer's).
-    compile: torch.compile the one-token decode step (worth it on GPU; the first call compiles).
-    native: run decode steps in the native decoder (gpt2.inference.decoder; same logits within rounding): None
-    uses it where it can run the model (a CPU model in eval mode with readable layers, kernels built), True
-    requires it, False never uses it. Prefills always run the model.
+    `left_pad`). params: what to draw (temperature, top-k, top-p, the decoding rules, which become logits
+    processors, see gpt2.inference.processors); `processors` run after those (a grammar, ...). params.seed or
+    `generator` (one, or one per row): reproducible draws. A row stops after emitting one of
+    params.stop_token_ids (or a stop sequence, see DecodeOptions), then gets the pad token, and the loop ends
+    when every row has stopped. params.n and stop texts are the text layer's (stream_text, LLM).
 
     Call `model.eval()` first: dropout in training mode would make the samples noisy.
     """
     config = model.config
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-    # The sampling options are validated where they are defined: SamplingParams.
-    SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p or 1.0, seed=seed)
-    if seed is not None and generator is not None:
+    options = options or DecodeOptions()
+    if params.num_beams > 1:
+        raise ValueError("num_beams > 1 is beam search, which returns whole beams: call generate or beam_search")
+    if params.seed is not None and generator is not None:
         raise ValueError("pass either seed or generator, not both (a seed makes a fresh generator)")
-    _check_prompt(model, idx, attention_mask, truncate)
-    slide_by = config.block_size // DEFAULT_SLIDE_FRACTION if slide_by is None else slide_by
+    check_prompt(model, idx, attention_mask, options.truncate)
+    slide_by = config.block_size // DEFAULT_SLIDE_FRACTION if options.slide_by is None else options.slide_by
     if isinstance(slide_by, bool) or not isinstance(slide_by, int) or not 0 <= slide_by < config.block_size:
         raise ValueError(f"slide_by must be an integer in [0, block_size={config.block_size}), got {slide_by!r}")
-    stop_ids = _check_token_ids("stop_token_ids", stop_token_ids, config.vocab_size)
-    stop_seqs = [_check_token_ids("stop_sequences", sequence, config.vocab_size) for sequence in stop_sequences or ()]
-    if any(len(sequence) == 0 for sequence in stop_seqs):
-        raise ValueError("stop_sequences contains an empty sequence; every stop sequence needs a token")
+    stop_ids = check_id_list("stop_token_ids", params.stop_token_ids, config.vocab_size)
+    stop_seqs = [check_id_list("stop_sequences", sequence, config.vocab_size) for sequence in options.stop_sequences]
     stopping = bool(stop_ids or stop_seqs)
+    pad_token_id = options.pad_token_id
     if pad_token_id is None:
         pad_token_id = stop_ids[0] if stop_ids else 0
-    _check_token_ids("pad_token_id", [pad_token_id], config.vocab_size)
-    bad_limit = not isinstance(vocab_limit, int) or isinstance(vocab_limit, bool) or vocab_limit < 1
-    if vocab_limit is not None and bad_limit:
-        raise ValueError(f"vocab_limit must be a positive integer (the tokenizer's size), got {vocab_limit!r}")
-    limit_vocab = vocab_limit is not None and vocab_limit < config.vocab_size
+    check_id_list("pad_token_id", [pad_token_id], config.vocab_size)
+    max_new_tokens = params.max_tokens
     if max_new_tokens == 0:
         return
 
     device = model.transformer.wte.weight.device
-    if seed is not None:
-        generator = torch.Generator(device=device).manual_seed(seed)
-    idx = _truncated_prompt(model, idx, truncate).to(device)
+    if params.seed is not None:
+        generator = torch.Generator(device=device).manual_seed(params.seed)
+    idx = truncated_prompt(model, idx, options.truncate).to(device)
     if attention_mask is not None:
         attention_mask = attention_mask[:, -idx.size(1) :].to(device)
         if bool(attention_mask.all()):
             attention_mask = None  # no padding: the plain causal fast path, no mask built per step
     B, T = idx.shape
+    padding = (1 - attention_mask).sum(dim=1) if attention_mask is not None else None  # (B,) pad columns
+    rules = build_processors(
+        params, prompt_length=T, vocab_size=config.vocab_size, vocab_limit=options.vocab_limit, padding=padding
+    )
+    rules.extend(processors)
 
     # Every column so far (prompt + generated) and, with padding, its mask: the re-prefill reads its window here.
     tokens = torch.empty(B, T + max_new_tokens, dtype=torch.long, device=device)
@@ -180,24 +230,26 @@ def stream(
 
     cache = model.new_kv_cache(B, max_len=min(config.block_size, T + max_new_tokens))
     decode_step: Callable[..., Any] = model.forward
-    if compile:
+    if options.compile:
         decode_step = torch.compile(model.forward, dynamic=True)
-    decoder = native_decoder(model) if native is not False and not compile else None
-    if native and decoder is None:
+    decoder = native_decoder(model) if options.native is not False and not options.compile else None
+    if options.native and decoder is None:
         raise ValueError(
             "native decoding cannot run this model (it needs a CPU model in eval mode with float32/bfloat16 "
             "nn.Linear or NativeLinear layers, and the native kernels built); pass native=None or False"
         )
 
     # prefill: the whole prompt (at most block_size columns) in one pass
-    logits = _prefill(model, tokens, mask, start=0, end=T, cache=cache)
+    logits = prefill(model, tokens, mask, start=0, end=T, cache=cache)
     window_start = 0  # the cache holds columns [window_start, window_start + cache.length)
     positions = mask[:, :T].sum(dim=1, keepdim=True) if mask is not None else None  # (B, 1): next position
     n = T  # columns filled
     for step in range(max_new_tokens):
-        if limit_vocab:
-            logits[:, vocab_limit:] = float("-inf")  # logits is this step's own (B, V) tensor
-        next_token = sample_next_token(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+        if rules:
+            logits = apply_processors(rules, tokens[:, :n], logits.float())  # logits is this step's own (B, V)
+        next_token = sample_next_token(
+            logits, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, generator=generator
+        )
         if stopping:
             next_token = next_token.masked_fill(finished, pad_token_id)
         tokens[:, n] = next_token
@@ -214,7 +266,7 @@ def stream(
             # Full window: re-prefill the last W columns at positions [0, W) (module docstring).
             window_start = n - (config.block_size - slide_by)
             cache.reset()
-            logits = _prefill(model, tokens, mask, start=window_start, end=n, cache=cache)
+            logits = prefill(model, tokens, mask, start=window_start, end=n, cache=cache)
             if mask is not None:
                 positions = mask[:, window_start:n].sum(dim=1, keepdim=True)
             continue
@@ -231,7 +283,7 @@ def stream(
             positions = positions + 1
 
 
-def _prefill(
+def prefill(
     model: GPT, tokens: torch.Tensor, mask: torch.Tensor | None, *, start: int, end: int, cache: KVCache
 ) -> torch.Tensor:
     """Run columns [start, end) through the model into an empty cache; the last column's logits (B, V).
@@ -241,7 +293,7 @@ def _prefill(
     return model.lm_head(hidden[:, -1])  # only the last position's logits are needed: (B, V)
 
 
-def _check_prompt(model: GPT, idx: Any, attention_mask: Any, truncate: Truncate) -> None:
+def check_prompt(model: GPT, idx: Any, attention_mask: Any, truncate: Truncate) -> None:
     """Validate the prompt batch once, so the decode loop can call the model without per-step checks."""
     config = model.config
     if truncate not in (None, "left"):
@@ -257,9 +309,7 @@ def _check_prompt(model: GPT, idx: Any, attention_mask: Any, truncate: Truncate)
             f"prompt of {T} tokens exceeds the model's context block_size={config.block_size}; shorten it or pass "
             "truncate='left' to keep its last block_size tokens"
         )
-    if int(idx.min()) < 0 or int(idx.max()) >= config.vocab_size:
-        bad = idx[(idx < 0) | (idx >= config.vocab_size)][0].item()
-        raise ValueError(f"token id {bad} is outside the vocabulary [0, {config.vocab_size}); check the tokenizer")
+    check_token_ids(idx, config.vocab_size)
     if attention_mask is None:
         return
     if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != idx.shape:
@@ -274,7 +324,8 @@ def _check_prompt(model: GPT, idx: Any, attention_mask: Any, truncate: Truncate)
         )
 
 
-def _check_token_ids(name: str, ids: Iterable[int] | None, vocab_size: int) -> list[int]:
+def check_id_list(name: str, ids: Iterable[int] | None, vocab_size: int) -> list[int]:
+    """ids as a list, each checked to be a token id in [0, vocab_size); an error names `name` and the value."""
     values = [] if ids is None else list(ids)
     for value in values:
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
@@ -304,28 +355,64 @@ def stream_text(
     >>> for piece in stream_text(model, tok, "Once upon a time", params):   # doctest: +SKIP
     ...     print(piece, end="", flush=True)
     """
-    ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-    if not ids:
-        raise ValueError("the prompt encodes to no tokens; pass some text (or use the end-of-text token as a start)")
-    stop_ids = [token for token in (tokenizer.eot_token, *params.stop_token_ids) if token < model.config.vocab_size]
+    ids = _prompt_ids(tokenizer, prompt)
+    params, stop_ids = _text_params(model, tokenizer, params)
     device = model.transformer.wte.weight.device
-    tokens = stream(
-        model,
-        torch.tensor([ids], device=device),
-        params.max_tokens,
-        temperature=params.temperature,
-        top_k=params.top_k,
-        top_p=params.top_p,
-        seed=params.seed,
-        stop_token_ids=stop_ids,
-        vocab_limit=len(tokenizer),
-        **engine_options,
-    )
-    text = TextAssembler(tokenizer, params.stop)
-    for token in tokens:
-        token_id = int(token[0])
+    options = DecodeOptions(vocab_limit=len(tokenizer), **engine_options)
+    tokens = stream(model, torch.tensor([ids], device=device), params, options=options)
+    yield from text_pieces(tokenizer, (int(token[0]) for token in tokens), stop_ids, params.stop)
+
+
+def generate_texts(
+    model: GPT,
+    tokenizer: TextTokenizer,
+    prompts: Sequence[str | Sequence[int]],
+    params: SamplingParams,
+    **engine_options: Any,
+) -> list[list[str]]:
+    """params.n continuations of each prompt (texts or token ids), decoded together in one left-padded batch;
+    results in the prompts' order.
+
+    Each row draws with its own generator (the i-th continuation of every prompt with seed + i), so a row's
+    text is what `stream_text` gives for that prompt alone with params.for_sample(i) (greedy: exactly; sampled:
+    unless the padding's float rounding moves a draw across a boundary). num_beams > 1: the n best beams of
+    each prompt (`beam_search`), cut at stop ids and stop texts like the rest.
+    """
+    if isinstance(prompts, str) or len(prompts) == 0:
+        raise ValueError("generate_texts needs a list of prompts (texts or token id lists), got " + repr(prompts)[:40])
+    ids = [_prompt_ids(tokenizer, prompt) for prompt in prompts]
+    params, stop_ids = _text_params(model, tokenizer, params)
+    device = model.transformer.wte.weight.device
+    pad = stop_ids[0] if stop_ids else 0
+    options = DecodeOptions(vocab_limit=len(tokenizer), pad_token_id=pad, **engine_options)
+    n = params.n
+    if params.num_beams > 1:
+        from gpt2.inference.beam import beam_search  # beam search builds on this module
+
+        idx, mask = left_pad(ids, pad_token_id=pad, device=device)
+        sequences = beam_search(model, idx, params, attention_mask=mask, options=options).sequences
+        rows = [row[idx.size(1) :] for row in sequences.tolist()]  # (B * n) generated parts, prompt-major
+    else:
+        idx, mask = left_pad([prompt for prompt in ids for _ in range(n)], pad_token_id=pad, device=device)
+        generators = None
+        if params.seed is not None:
+            generators = [torch.Generator(device=device).manual_seed(params.seed + i) for _ in ids for i in range(n)]
+        steps = list(stream(model, idx, params.replace(seed=None), attention_mask=mask, generator=generators,
+                            options=options))  # fmt: skip
+        rows = torch.stack(steps, dim=1).tolist() if steps else [[] for _ in range(idx.size(0))]
+    texts = ["".join(text_pieces(tokenizer, iter(row), stop_ids, params.stop)) for row in rows]
+    return [texts[i * n : (i + 1) * n] for i in range(len(ids))]
+
+
+def text_pieces(
+    tokenizer: TextTokenizer, tokens: Iterator[int], stop_ids: Sequence[int], stop: Sequence[str]
+) -> Iterator[str]:
+    """The text of generated token ids, piece by piece: it ends before the first stop id, and before a stop
+    text (held back until it is known not to be one); never half a character."""
+    text = TextAssembler(tokenizer, stop)
+    for token_id in tokens:
         if token_id in stop_ids:
-            break
+            return
         piece, stopped = text.push(token_id)
         if piece:
             yield piece
@@ -334,3 +421,18 @@ def stream_text(
     rest = text.finish()
     if rest:
         yield rest
+
+
+def _prompt_ids(tokenizer: TextTokenizer, prompt: str | Sequence[int]) -> list[int]:
+    ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    if not ids:
+        raise ValueError("the prompt encodes to no tokens; pass some text (or use the end-of-text token as a start)")
+    return ids
+
+
+def _text_params(model: GPT, tokenizer: TextTokenizer, params: SamplingParams) -> tuple[SamplingParams, list[int]]:
+    """params as the text paths decode with (end-of-text first among the stop ids, bad-word texts as ids), and
+    those stop ids the model can produce."""
+    params = with_end_of_text(params, tokenizer)
+    stop_ids = [token for token in params.stop_token_ids if token < model.config.vocab_size]
+    return params.replace(stop_token_ids=tuple(stop_ids)), stop_ids

@@ -19,6 +19,7 @@ Formats (what `NativeLinear` holds; the C++ file's header has the byte layout): 
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import logging
@@ -34,6 +35,7 @@ from gpt2.runtime.device import cpu_has_amx
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "cpu_decode.cpp"
 DISABLE_VARIABLE = "GPT2_NATIVE_KERNELS"  # set to 0 to use the PyTorch layouts only
+BUILD_LOCK = "gpt2-build.flock"  # in the build folder: held (fcntl) by the one process building or loading
 TILE = 16  # output rows per tile of the packed formats
 BLOCK = 32  # inputs per activation-quantization block and per int4 group
 MANY_ROWS = 64  # rows from which NativeLinear multiplies by the dequantized weight (measured crossover)
@@ -62,14 +64,20 @@ def kernels_available() -> bool:
         if not (build_directory / f"{name}.so").exists():
             log.warning("gpt2: compiling the native CPU kernels (once per machine, about 20 s)")
         build_directory.mkdir(parents=True, exist_ok=True)
-        load(
-            name=name,
-            sources=[str(SOURCE)],
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
-            build_directory=str(build_directory),
-            is_python_module=False,
-            verbose=False,
-        )
+        # torch's builder marks a build in progress with a `lock` file and waits, forever, while one exists, so
+        # a builder killed mid-build (Ctrl-C, kill -9) blocked every later one. Our own lock is an OS file lock,
+        # released when its holder dies: whoever holds it knows no builder is running, and removes the leftover.
+        with open(build_directory / BUILD_LOCK, "a") as guard:
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            (build_directory / "lock").unlink(missing_ok=True)
+            load(
+                name=name,
+                sources=[str(SOURCE)],
+                extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                build_directory=str(build_directory),
+                is_python_module=False,
+                verbose=False,
+            )
     except Exception as error:  # a missing compiler, headers or ninja: the PyTorch layouts still work
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         log.warning("gpt2: native CPU kernels unavailable (%s); decoding uses PyTorch's kernels", first_line)

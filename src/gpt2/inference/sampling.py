@@ -8,9 +8,10 @@ sort orders equal values.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +19,13 @@ import torch.nn.functional as F
 # top-p counts a cumulative mass within this of p as having reached p: probabilities summed in float32 are
 # off by ~1e-7, and a mass of exactly p must not pull in the next token because of it.
 TOP_P_TOLERANCE = 1e-6
+# softmax(logits / t) is one-hot (up to float32 rounding) long before t gets this small, and dividing float32
+# logits by a smaller t overflows to inf: below it the draw is greedy (argmax). Every path (LLM, the server's
+# engine, beam search's scores) reads this one threshold.
+GREEDY_BELOW_TEMPERATURE = 1e-5
+PENALTY_RANGE = 2.0  # presence and frequency penalties lie in [-2, 2], as in OpenAI's API
+LOGIT_BIAS_RANGE = 100.0  # a logit bias lies in [-100, 100], as in OpenAI's API
+EarlyStopping = bool | Literal["never"]
 
 
 def _is_int(value: Any) -> bool:
@@ -28,9 +36,14 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _is_finite(value: Any) -> bool:
+    return _is_number(value) and math.isfinite(value)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to continue a prompt, with the OpenAI API's names; validated once, at construction.
+    """How to continue a prompt, with the OpenAI API's names (and transformers' GenerationConfig names for what
+    OpenAI lacks); validated once, at construction.
 
     >>> SamplingParams(max_tokens=20, temperature=0).greedy
     True
@@ -43,7 +56,7 @@ class SamplingParams:
     max_tokens: int = 16
     """New tokens at most (OpenAI's default is 16). The text ends earlier at end-of-text or a stop."""
     temperature: float = 1.0
-    """Softmax temperature; 0 is greedy (argmax)."""
+    """Softmax temperature; 0 (or anything below GREEDY_BELOW_TEMPERATURE = 1e-5) is greedy (argmax)."""
     top_p: float = 1.0
     """Nucleus sampling: draw from the smallest set of tokens whose probability reaches top_p (1.0: all)."""
     top_k: int | None = None
@@ -55,7 +68,31 @@ class SamplingParams:
     seed: int | None = None
     """Makes the draws reproducible: the same seed gives the same text."""
     n: int = 1
-    """Continuations per prompt; the i-th uses seed + i when a seed is given."""
+    """Continuations per prompt (transformers' num_return_sequences); the i-th uses seed + i when a seed is
+    given. With beam search: the n best beams (n <= num_beams)."""
+    repetition_penalty: float = 1.0
+    """CTRL's rule as transformers applies it: a token already in the prompt or the continuation has its logit
+    divided by this when positive, multiplied when negative (> 1 discourages repeats; 1.0: off)."""
+    no_repeat_ngram_size: int = 0
+    """Never produce an n-gram of this size twice (prompt included), as transformers does (0: off)."""
+    min_tokens: int = 0
+    """End-of-text and the stop token ids are banned until this many tokens are generated (min_new_tokens)."""
+    bad_words: tuple[str | tuple[int, ...], ...] = ()
+    """Never produced: texts (banned as they encode, and with a leading space, as vLLM does) or token id
+    sequences (transformers' bad_words_ids: the last id is banned where the ones before it were just produced)."""
+    logit_bias: Mapping[int, float] = field(default_factory=dict, hash=False)
+    """Added to the logits of these token ids before sampling, in [-100, 100] (OpenAI's logit_bias)."""
+    presence_penalty: float = 0.0
+    """Subtracted from the logit of a token once it appears in the continuation, in [-2, 2] (OpenAI's rule)."""
+    frequency_penalty: float = 0.0
+    """Subtracted from a token's logit once per appearance in the continuation, in [-2, 2] (OpenAI's rule)."""
+    num_beams: int = 1
+    """Beam search with this many beams (1: off). Deterministic: needs temperature 0."""
+    length_penalty: float = 1.0
+    """Beam search: a finished beam scores sum(log p) / length ** length_penalty (transformers' rule)."""
+    early_stopping: EarlyStopping = False
+    """Beam search: True stops once num_beams beams have finished; False stops when no running beam can beat
+    them (transformers' heuristic); "never" runs the exact check (transformers' meanings)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -64,6 +101,13 @@ class SamplingParams:
             object.__setattr__(self, "stop", tuple(self.stop))
         if isinstance(self.stop_token_ids, Sequence):
             object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if isinstance(self.bad_words, str):
+            object.__setattr__(self, "bad_words", (self.bad_words,))
+        elif isinstance(self.bad_words, Sequence):
+            words = tuple(word if isinstance(word, str) else tuple(word) for word in self.bad_words)
+            object.__setattr__(self, "bad_words", words)
+        if isinstance(self.logit_bias, Mapping):
+            object.__setattr__(self, "logit_bias", dict(self.logit_bias))
         if not _is_int(self.max_tokens) or self.max_tokens < 0:
             raise ValueError(f"max_tokens must be an integer >= 0, got {self.max_tokens!r}")
         if not _is_number(self.temperature) or not self.temperature >= 0:
@@ -80,10 +124,55 @@ class SamplingParams:
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         if not _is_int(self.n) or self.n < 1:
             raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
+        self._check_rules()
+        self._check_beams()
+
+    def _check_rules(self) -> None:
+        if not _is_finite(self.repetition_penalty) or self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be a number > 0 (1.0: off), got {self.repetition_penalty!r}")
+        if not _is_int(self.no_repeat_ngram_size) or self.no_repeat_ngram_size < 0:
+            raise ValueError(
+                f"no_repeat_ngram_size must be an integer >= 0 (0: off), got {self.no_repeat_ngram_size!r}"
+            )
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}"
+            )
+        for word in self.bad_words:
+            if isinstance(word, str) and word:
+                continue
+            if not isinstance(word, tuple) or not word or not all(_is_int(token) and token >= 0 for token in word):
+                raise ValueError(f"bad_words must hold non-empty texts or non-empty lists of token ids, got {word!r}")
+        if not isinstance(self.logit_bias, Mapping):
+            raise ValueError(f"logit_bias must map token ids to numbers, got {self.logit_bias!r}")
+        for token, bias in self.logit_bias.items():
+            if not _is_int(token) or token < 0:
+                raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
+            if not _is_finite(bias) or not -LOGIT_BIAS_RANGE <= bias <= LOGIT_BIAS_RANGE:
+                raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {bias!r} for token {token}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_finite(value) or not -PENALTY_RANGE <= value <= PENALTY_RANGE:
+                raise ValueError(f"{name} must be a number in [-2, 2], got {value!r}")
+
+    def _check_beams(self) -> None:
+        if not _is_int(self.num_beams) or self.num_beams < 1:
+            raise ValueError(f"num_beams must be an integer >= 1 (1: no beam search), got {self.num_beams!r}")
+        if not _is_finite(self.length_penalty):
+            raise ValueError(f"length_penalty must be a finite number, got {self.length_penalty!r}")
+        if self.early_stopping not in (True, False, "never"):
+            raise ValueError(f"early_stopping must be True, False or 'never', got {self.early_stopping!r}")
+        if self.num_beams > 1 and not self.greedy:
+            raise ValueError(
+                f"num_beams={self.num_beams} is beam search, which is deterministic: pass temperature=0 "
+                f"(got {self.temperature!r})"
+            )
+        if self.num_beams > 1 and self.n > self.num_beams:
+            raise ValueError(f"n={self.n} beams asked for but num_beams={self.num_beams}; raise num_beams or lower n")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW_TEMPERATURE
 
     def replace(self, **changes: Any) -> SamplingParams:
         """A copy with some fields changed (validated again)."""
@@ -131,20 +220,44 @@ def filter_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return logits.masked_fill(probs < threshold, float("-inf"))
 
 
+Generators = torch.Generator | Sequence[torch.Generator] | None
+
+
 def sample_next_token(
     logits: torch.Tensor,
     *,
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
-    generator: torch.Generator | None = None,
+    generator: Generators = None,
 ) -> torch.Tensor:
-    """One token per row from next-token logits (B, V) -> (B,) long. temperature 0 is greedy (argmax, first
-    index on ties); otherwise softmax(logits / temperature) restricted by top-k then top-p, drawn with
-    `generator` (torch's global generator when None)."""
-    if temperature == 0:
+    """One token per row from next-token logits (B, V) -> (B,) long, always an id in [0, V).
+
+    temperature below GREEDY_BELOW_TEMPERATURE is greedy (argmax, first index on ties); otherwise
+    softmax(logits / temperature) restricted by top-k then top-p, drawn with `generator`: one for the batch, one
+    per row (row i then draws exactly what it would draw alone with generators[i]), or None (torch's global one).
+    Logits may hold inf or huge values: NaN counts as -inf, +inf tokens share the draw; a row whose every logit
+    is -inf (everything banned) is an error.
+
+    >>> sample_next_token(torch.tensor([[0.0, 3.0, float("inf")]]), temperature=1e-45).tolist()
+    [2]
+    """
+    logits = logits.float().nan_to_num(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
+    # A row holding +inf: its +inf tokens share the draw (score 0), the rest can't be drawn. No device sync.
+    infinite = torch.isposinf(logits)  # (B, V)
+    logits = torch.where(infinite.any(dim=-1, keepdim=True), torch.where(infinite, 0.0, -math.inf), logits)
+    best = logits.amax(dim=-1, keepdim=True)  # (B, 1)
+    if bool(torch.isneginf(best).any()):
+        row = int(torch.isneginf(best).nonzero()[0, 0])
+        raise ValueError(
+            f"row {row}: every token has logit -inf, nothing is left to draw; the bans, biases or limits exclude "
+            "the whole vocabulary"
+        )
+    if temperature < GREEDY_BELOW_TEMPERATURE:
         return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
+    # Shifted so the best logit is 0: dividing by a small temperature then only pushes the others towards -inf
+    # (never +inf or NaN), and at least one token keeps probability 1 before normalization.
+    logits = (logits - best) / temperature
     if top_k is not None:
         logits = filter_top_k(logits, top_k)
     if top_p is not None:
@@ -152,16 +265,23 @@ def sample_next_token(
     return draw(F.softmax(logits, dim=-1), generator)
 
 
-def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def draw(probs: torch.Tensor, generator: Generators = None) -> torch.Tensor:
     """One index per row of probabilities (B, V) -> (B,), index i with probability probs[:, i] / the row's sum.
 
-    Inverse CDF: one uniform number per row, placed on the running sum. Never an index of probability 0: the
-    point is kept strictly below the total, and `right=True` lands on the first sum above it, a step up.
-    (torch.multinomial draws one random number per vocabulary entry: ~1 ms a row at V = 50257 on a CPU, more
-    than a 124M decode step's sampling should cost; this is ~0.04 ms.)
+    Inverse CDF: one uniform number per row (from `generator`, or from generator[i] for row i), placed on the
+    running sum. Never an index of probability 0: the point is kept strictly below the total, and `right=True`
+    lands on the first sum above it, a step up. (torch.multinomial draws one random number per vocabulary entry:
+    ~1 ms a row at V = 50257 on a CPU, more than a 124M decode step's sampling should cost; this is ~0.04 ms.)
     """
     cdf = probs.cumsum(dim=-1)  # (B, V), non-decreasing
     total = cdf[:, -1:]  # (B, 1)
-    uniform = torch.rand(total.shape, generator=generator, device=probs.device, dtype=cdf.dtype)
+    if generator is None or isinstance(generator, torch.Generator):
+        uniform = torch.rand(total.shape, generator=generator, device=probs.device, dtype=cdf.dtype)
+    else:
+        if len(generator) != total.size(0):
+            raise ValueError(f"{len(generator)} generators for {total.size(0)} rows; pass one per row")
+        uniform = torch.cat(
+            [torch.rand((1, 1), generator=one, device=probs.device, dtype=cdf.dtype) for one in generator]
+        )
     point = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))  # in [0, total)
-    return torch.searchsorted(cdf, point, right=True).squeeze(-1)
+    return torch.searchsorted(cdf, point, right=True).squeeze(-1).clamp_(max=probs.size(-1) - 1)

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from gpt2.model import GPT, Block
+from gpt2.model import check_token_ids as check_vocabulary
 
 HookFn = Callable[[torch.Tensor, str], torch.Tensor | None]
 """fn(tensor, name) -> None to leave the tensor as it is, or a tensor of the same shape to use instead."""
@@ -232,9 +233,7 @@ def check_token_ids(model: GPT, idx: object) -> None:
     T, block_size, vocab_size = idx.shape[1], model.config.block_size, model.config.vocab_size
     if not 0 < T <= block_size:
         raise ValueError(f"idx has {T} positions; pass between 1 and block_size={block_size} tokens")
-    if int(idx.min()) < 0 or int(idx.max()) >= vocab_size:
-        bad = idx[(idx < 0) | (idx >= vocab_size)][0].item()
-        raise ValueError(f"token id {bad} is outside the vocabulary [0, {vocab_size}); check the tokenizer")
+    check_vocabulary(idx, vocab_size)
 
 
 # ------------------------------------------------------------------------------------------ names

@@ -1,28 +1,73 @@
-"""Writing files so that a crash never leaves half of one: write a temporary file beside it, then rename."""
+"""Writing files so that a crash never leaves half of one: write a temporary file beside it, then rename.
+
+Temporaries are named `.NAME.HOST-PID.RANDOM.tmp` after the path they become and the process writing them, so a
+write killed before its rename (kill -9, a power cut) leaves one the next write to that path recognises as its
+own and removes, once its writer is gone; a live writer's is never touched.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import secrets
 import shutil
-import tempfile
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", socket.gethostname()) or "host"
+
+
+def temporary_path(path: Path) -> Path:
+    """A new name beside `path` for what will become it: `.NAME.HOST-PID.RANDOM.tmp`."""
+    return path.parent / f".{path.name}.{_host()}-{os.getpid()}.{secrets.token_hex(4)}.tmp"
+
+
+def _writer_is_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # exists, under another user
+        return False
+    return False
+
+
+def remove_stale_temporaries(path: Path) -> list[Path]:
+    """Remove the temporaries that earlier writes to `path` left behind, where their writer ran on this host and
+    is no longer running (files or folders). Returns what was removed."""
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.(?P<host>\w+)-(?P<pid>\d+)\.[0-9a-f]+\.tmp")
+    removed: list[Path] = []
+    if not path.parent.is_dir():
+        return removed
+    for candidate in path.parent.iterdir():
+        match = pattern.fullmatch(candidate.name)
+        if match and match["host"] == _host() and _writer_is_gone(int(match["pid"])):
+            if candidate.is_dir() and not candidate.is_symlink():
+                shutil.rmtree(candidate, ignore_errors=True)
+            else:
+                candidate.unlink(missing_ok=True)
+            removed.append(candidate)
+    return removed
+
+
 @contextmanager
 def atomic_output(path: str | os.PathLike[str]) -> Iterator[Path]:
     """A temporary path beside `path` to write to; synced and renamed onto `path` only when the block finishes,
     so a crash or an error never leaves half a file under the real name. The file gets the permissions an
-    ordinary `open(path, "w")` would (0o666 less the umask), not mkstemp's private 0o600."""
+    ordinary `open(path, "w")` would (0o666 less the umask), not the private 0o600 it is written with."""
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a directory; give the path of the file to write, e.g. {path / 'out.bin'}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(handle)
+    remove_stale_temporaries(path)
+    temporary = temporary_path(path)
+    os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     try:
         yield Path(temporary)
         with open(temporary, "rb+") as file:
@@ -32,7 +77,7 @@ def atomic_output(path: str | os.PathLike[str]) -> Iterator[Path]:
         os.chmod(temporary, 0o666 & ~umask)
         os.replace(temporary, path)
     except BaseException:
-        Path(temporary).unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
         raise
 
 
@@ -44,13 +89,15 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
     if path.exists() and not path.is_dir():
         raise NotADirectoryError(f"{path} is a file; give the path of a directory to write into")
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    remove_stale_temporaries(path)
+    staging = temporary_path(path)
+    staging.mkdir(mode=0o700)
     try:
         yield staging
         if not path.exists():
             umask = os.umask(0)
             os.umask(umask)
-            staging.chmod(0o777 & ~umask)  # mkdtemp's folder is private (0o700)
+            staging.chmod(0o777 & ~umask)  # private while it was being filled
             os.replace(staging, path)
             return
         for item in sorted(staging.iterdir()):

@@ -20,7 +20,18 @@ from typing import Any
 from gpt2.serve.batch import DecodeBatch
 from gpt2.serve.chat import ChatMessage
 from gpt2.serve.config import ServerConfig
-from gpt2.serve.engine import Engine, Penalties, SequenceOutput, SequenceRequest, TokenLogprob
+from gpt2.serve.engine import (
+    Engine,
+    EngineError,
+    EngineFailed,
+    EngineStopped,
+    Penalties,
+    QueueFull,
+    SequenceOutput,
+    SequenceRequest,
+    SequenceStatus,
+    TokenLogprob,
+)
 
 # The HTTP parts need the `serve` extra (fastapi, uvicorn): imported on first use, so the engine and the CLI's
 # help work without it.
@@ -39,9 +50,14 @@ __all__ = [
     "ChatMessage",
     "DecodeBatch",
     "Engine",
+    "EngineError",
+    "EngineFailed",
+    "EngineStopped",
     "Penalties",
+    "QueueFull",
     "SequenceOutput",
     "SequenceRequest",
+    "SequenceStatus",
     "ServerConfig",
     "TokenLogprob",
     "create_app",

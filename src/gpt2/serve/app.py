@@ -33,7 +33,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gpt2.api import LLM
 from gpt2.serve.chat import ChatMessage
 from gpt2.serve.config import ServerConfig
-from gpt2.serve.engine import Engine, EngineStopped, QueueFull, SequenceOutput, SequenceRequest
+from gpt2.serve.engine import (
+    Engine,
+    EngineError,
+    EngineFailed,
+    EngineStopped,
+    QueueFull,
+    SequenceOutput,
+    SequenceRequest,
+)
 from gpt2.serve.playground import PLAYGROUND_HTML
 from gpt2.serve.protocol import (
     APIError,
@@ -126,6 +134,23 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
     return app
 
 
+# The engine's errors as HTTP answers, by type (never by message): status, OpenAI error type, code.
+ENGINE_ERRORS: dict[type[EngineError], tuple[int, str, str | None]] = {
+    QueueFull: (429, "rate_limit_error", "queue_full"),
+    EngineStopped: (503, "server_error", "shutting_down"),
+    EngineFailed: (500, "server_error", None),
+}
+
+
+def engine_error(error: EngineError, *, retry_after: int | None = None) -> APIError:
+    """The APIError that answers `error` (a QueueFull says when to retry)."""
+    status, kind, code = ENGINE_ERRORS.get(type(error), (500, "server_error", None))
+    message, headers = str(error), {}
+    if isinstance(error, QueueFull) and retry_after is not None:
+        message, headers = f"{error}; retry in {retry_after} s", {"Retry-After": str(retry_after)}
+    return APIError(status, message, type=kind, code=code, headers=headers)
+
+
 class _Submission:
     """A request's sequences in the engine, their outputs arriving on this event loop's queue."""
 
@@ -134,16 +159,8 @@ class _Submission:
         self._queue: asyncio.Queue[SequenceOutput] = asyncio.Queue()
         try:
             self._ticket = engine.submit(requests, self._deliver)
-        except QueueFull as err:
-            raise APIError(
-                429,
-                f"{err}; retry in {retry_after} s",
-                type="rate_limit_error",
-                code="queue_full",
-                headers={"Retry-After": str(retry_after)},
-            ) from err
-        except EngineStopped as err:
-            raise APIError(503, str(err), type="server_error", code="shutting_down") from err
+        except EngineError as err:
+            raise engine_error(err, retry_after=retry_after) from err
         except ValueError as err:
             raise bad_request(str(err), field_named(str(err))) from err
         self._remaining = len(requests)
@@ -282,11 +299,7 @@ class _Service:
                 param,
                 code="context_length_exceeded",
             )
-        try:
-            self.engine.check_prompt(ids)
-        except ValueError as err:
-            raise bad_request(str(err), param) from err
-        return ids
+        return ids  # its ids are checked once, where the engine takes it (a ValueError there is a 400)
 
     def encode_chat(self, messages: Sequence[ChatMessage]) -> list[int]:
         """The chat prompt's token ids: the conversation in the chat template, then the assistant's header."""
@@ -489,12 +502,11 @@ class _Service:
 def _raise_engine_error(choices: list[Choice]) -> None:
     errors = [choice.error for choice in choices if choice.error]
     if errors:
-        status, code = (503, "shutting_down") if "shutting down" in errors[0] else (500, None)
-        raise APIError(status, errors[0], type="server_error", code=code)
+        raise engine_error(errors[0])
 
 
-def _stream_error(message: str) -> dict[str, Any]:
-    return APIError(503, message, type="server_error").body()
+def _stream_error(error: EngineError) -> dict[str, Any]:
+    return engine_error(error).body()
 
 
 async def _sse(chunks: AsyncIterator[dict[str, Any]], submission: _Submission, request: Request) -> AsyncIterator[str]:

@@ -24,6 +24,7 @@ the canceller's), so it must be quick and thread-safe (the server's puts onto an
 from __future__ import annotations
 
 import collections
+import enum
 import logging
 import math
 import threading
@@ -50,14 +51,34 @@ GREEDY_BELOW_TEMPERATURE = 1e-5
 # Prompt tokens prefilled in one turn of the loop at most (beyond the first sequence admitted): running
 # sequences wait for the admissions of a turn, so a burst of long prompts joins over several turns.
 PREFILL_TOKENS_PER_TURN = 2048
+SHUTTING_DOWN = "the server is shutting down"
 
 
-class QueueFull(RuntimeError):
+class EngineError(RuntimeError):
+    """Why the engine could not take or finish a sequence. Each kind is its own class, so that callers (the
+    server's table of HTTP statuses) tell them apart by type, never by message."""
+
+
+class QueueFull(EngineError):
     """The engine's waiting queue has no room for the sequences submitted: try again shortly."""
 
 
-class EngineStopped(RuntimeError):
-    """The engine is shutting down (or was stopped) and takes no new work."""
+class EngineStopped(EngineError):
+    """The engine is shutting down (or was stopped) and takes no new work; sequences it had end with it."""
+
+
+class EngineFailed(EngineError):
+    """A step failed inside the engine (a bug of ours): the sequences in it end; the engine serves the others."""
+
+
+class SequenceStatus(enum.Enum):
+    """Where a sequence is, as vLLM keeps it: each moves forward only, WAITING -> RUNNING -> FINISHED, or to
+    CANCELLED when asked to stop while running (the engine then finishes it at the next step boundary)."""
+
+    WAITING = "waiting"  # queued for a row
+    RUNNING = "running"  # taken for a row: prefilling or decoding
+    CANCELLED = "cancelled"  # running, asked to stop
+    FINISHED = "finished"  # its final output is out
 
 
 @dataclass(frozen=True)
@@ -141,7 +162,8 @@ class SequenceOutput:
     """'stop' (end-of-text, a stop token or a stop text), 'length' (max_tokens or the context), 'cancelled'."""
     completion_tokens: int = 0
     """Tokens generated so far, a stop token included."""
-    error: str | None = None
+    error: EngineError | None = None
+    """Why the sequence ended without finishing (EngineStopped, EngineFailed); its message is for the user."""
 
     @property
     def final(self) -> bool:
@@ -161,9 +183,8 @@ class _Sequence:
         self.request = request
         self.sink = sink
         self.max_new = max_new  # the completion's cap: max_tokens, or less at the context
-        self.cancelled = False
-        self.done = False
-        self.row = -1  # its row in the batch while active
+        self.status = SequenceStatus.WAITING
+        self.row: int | None = None  # its row in the batch while it has one
         self.pending = 0  # the last token drawn: fed to the model at the next step
         self.generated = 0
         self.text: TextAssembler | None = None
@@ -271,7 +292,7 @@ class Engine:
             sequences.append(_Sequence(index, request, sink, max_new, self.device, self.vocab_size))
         with self._lock:
             if self._closing:
-                raise EngineStopped("the server is shutting down")
+                raise EngineStopped(SHUTTING_DOWN)
             if len(self._waiting) + len(sequences) > self.max_queue:
                 raise QueueFull(f"the queue is full ({len(self._waiting)} of {self.max_queue} waiting)")
             self._waiting.extend(sequences)
@@ -322,8 +343,8 @@ class Engine:
                 self._turn(admitted)
             except Exception:  # a bug of ours: fail the sequences in hand, keep serving the others
                 logger.exception("engine step failed; ending the sequences in it")
-                self._fail([*admitted, *self._rows], "internal error while generating")
-        self._fail(self._rows, "the server is shutting down")  # only after an abort: a drain leaves none
+                self._fail([*admitted, *self._rows], EngineFailed("internal error while generating"))
+        self._fail(self._rows, EngineStopped(SHUTTING_DOWN))  # only after an abort: a drain leaves none
         self._abort_waiting()
 
     def _take_admissions(self) -> list[_Sequence]:
@@ -336,21 +357,26 @@ class Engine:
             if admitted and prompt_tokens > budget:
                 break
             budget -= prompt_tokens
-            admitted.append(self._waiting.popleft())
+            sequence = self._waiting.popleft()
+            sequence.status = SequenceStatus.RUNNING
+            admitted.append(sequence)
         return admitted
 
     def _turn(self, admitted: list[_Sequence]) -> None:
         # plain sequences (no prompt scoring) admitted together share one batched prefill; a lone one joins alone
-        together = [s for s in admitted if not s.cancelled and s.max_new > 0 and not s.request.prompt_logprobs]
+        cancelled = SequenceStatus.CANCELLED
+        together = [
+            s for s in admitted if s.status is not cancelled and s.max_new > 0 and not s.request.prompt_logprobs
+        ]
         if len(together) > 1:
             self._admit_together(together)
         batched = {id(sequence) for sequence in together} if len(together) > 1 else set()
         for sequence in admitted:
-            if sequence.cancelled:
+            if sequence.status is cancelled:
                 self._finish(sequence, reason="cancelled")
             elif id(sequence) not in batched:
                 self._admit(sequence)
-        for sequence in [s for s in self._rows if s.cancelled]:
+        for sequence in [s for s in self._rows if s.status is cancelled]:
             self._finish(sequence, reason="cancelled")
         if admitted and self._waiting and len(self._rows) < self._batch.max_rows:
             return  # more arrived during these prefills: admit them before decoding (first tokens come first)
@@ -493,21 +519,21 @@ class Engine:
         sequence: _Sequence,
         *,
         reason: str | None = None,
-        error: str | None = None,
+        error: EngineError | None = None,
         output: SequenceOutput | None = None,
         prompt_logprobs: list[TokenLogprob | None] | None = None,
     ) -> None:
         """The sequence's final output; it leaves the batch."""
-        if sequence.done:
+        if sequence.status is SequenceStatus.FINISHED:
             return
-        sequence.done = True
-        if sequence.row >= 0 and sequence in self._rows:
+        sequence.status = SequenceStatus.FINISHED
+        if sequence.row is not None and sequence in self._rows:
             moved = self._batch.leave(sequence.row)
             self._rows[sequence.row] = self._rows[-1]
             self._rows.pop()
             if moved is not None:
                 self._rows[sequence.row].row = sequence.row
-            sequence.row = -1
+        sequence.row = None
         output = output or SequenceOutput(sequence.index, completion_tokens=sequence.generated)
         output.finish_reason = None if error else reason
         output.error = error
@@ -523,16 +549,17 @@ class Engine:
             logger.warning("could not deliver an output of sequence %d", sequence.index, exc_info=True)
 
     def _cancel(self, sequences: list[_Sequence]) -> None:
-        """Mark sequences cancelled; the queued ones end here, the active ones at the next step boundary."""
+        """Mark sequences cancelled; the queued ones end here, the running ones at the next step boundary."""
         with self._lock:
-            for sequence in sequences:
-                sequence.cancelled = True
-            queued = [sequence for sequence in sequences if sequence in self._waiting and not sequence.done]
+            queued = [sequence for sequence in sequences if sequence.status is SequenceStatus.WAITING]
             for sequence in queued:
                 self._waiting.remove(sequence)
+                sequence.status = SequenceStatus.FINISHED
+            for sequence in sequences:
+                if sequence.status is SequenceStatus.RUNNING:
+                    sequence.status = SequenceStatus.CANCELLED
             self._lock.notify()
         for sequence in queued:
-            sequence.done = True
             self._emit(sequence, SequenceOutput(sequence.index, finish_reason="cancelled"))
 
     def _abort_waiting(self) -> None:
@@ -540,15 +567,15 @@ class Engine:
             queued = list(self._waiting)
             self._waiting.clear()
         for sequence in queued:
-            if not sequence.done:
-                sequence.done = True
-                self._emit(sequence, SequenceOutput(sequence.index, error="the server is shutting down"))
+            if sequence.status is not SequenceStatus.FINISHED:
+                sequence.status = SequenceStatus.FINISHED
+                self._emit(sequence, SequenceOutput(sequence.index, error=EngineStopped(SHUTTING_DOWN)))
 
-    def _fail(self, sequences: list[_Sequence], error: str) -> None:
+    def _fail(self, sequences: list[_Sequence], error: EngineError) -> None:
         """End sequences with an error and empty the batch."""
         failed = list(sequences)
         self._rows.clear()
         self._batch.clear()
         for sequence in failed:
-            sequence.row = -1
+            sequence.row = None
             self._finish(sequence, error=error)

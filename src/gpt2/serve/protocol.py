@@ -22,7 +22,7 @@ from typing import Any
 
 from gpt2.inference.sampling import SamplingParams
 from gpt2.serve.chat import ChatMessage, parse_messages
-from gpt2.serve.engine import MAX_TOP_LOGPROBS, Penalties, SequenceOutput, TokenLogprob
+from gpt2.serve.engine import MAX_TOP_LOGPROBS, EngineError, Penalties, SequenceOutput, TokenLogprob
 from gpt2.tokenizer.protocol import TextTokenizer
 
 MAX_TEMPERATURE = 2.0  # OpenAI's range is [0, 2]
@@ -270,7 +270,8 @@ def _describe(value: Any) -> str:
 def field_named(message: str) -> str | None:
     """The request field a validation message starts with (SamplingParams and the engine name them), if any."""
     first = message.split(" ", 1)[0]
-    return first if first in (*SAMPLING_FIELDS, "presence_penalty", "frequency_penalty", "logit_bias") else None
+    named = (*SAMPLING_FIELDS, "presence_penalty", "frequency_penalty", "logit_bias", "prompt")
+    return first if first in named else None
 
 
 def reject_constant(name: str) -> float:
@@ -307,7 +308,7 @@ class Choice:
     prompt_logprobs: list[TokenLogprob | None] | None = None
     finish_reason: str | None = None
     completion_tokens: int = 0
-    error: str | None = None
+    error: EngineError | None = None
 
     def add(self, output: SequenceOutput) -> None:
         self.text += output.text

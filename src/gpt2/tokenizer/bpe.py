@@ -22,9 +22,12 @@ vocabulary and on trained ones, and have found no disagreement.)
 Special tokens: the text `<|endoftext|>` inside ordinary input is ordinary text (tokenized as characters);
 it becomes id 50256 only where the caller passes `allowed_special`.
 
->>> tok = load_tokenizer("path/to/gpt2-files")                 # doctest: +SKIP
->>> tok.encode("Hello world")                                   # doctest: +SKIP
+>>> from gpt2.tokenizer import load_tokenizer
+>>> tok = load_tokenizer(gpt2_files)  # a folder with GPT-2's encoder.json and vocab.bpe
+>>> tok.encode("Hello world")
 [15496, 995]
+>>> tok.encode("<|endoftext|>") == tok.encode("<|endoftext|>", allowed_special="all")
+False
 """
 
 from __future__ import annotations
@@ -68,8 +71,12 @@ class StreamDecoder:
     the token that completes it arrives. Concatenating every `push` and the final `flush` gives exactly
     `decode(all ids)`, invalid bytes included (each replaced by U+FFFD).
 
-    >>> dec = tok.stream_decoder()                                # doctest: +SKIP
-    >>> "".join(dec.push(i) for i in ids) + dec.flush()          # doctest: +SKIP
+    >>> from gpt2.tokenizer import load_tokenizer
+    >>> tok = load_tokenizer(gpt2_files)
+    >>> ids = tok.encode("a🤗")  # 'a', then the emoji's four bytes in three tokens
+    >>> dec = tok.stream_decoder()
+    >>> [dec.push(i) for i in ids] + [dec.flush()]
+    ['a', '', '', '🤗', '']
     """
 
     def __init__(self, token_bytes: Callable[[int], bytes]) -> None:

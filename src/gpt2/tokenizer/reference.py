@@ -69,8 +69,9 @@ class ReferenceBPE:
 
     `special_tokens` maps texts such as '<|endoftext|>' to ids; they are used only where `encode` is told to.
 
-    >>> bpe = ReferenceBPE(vocab, merges)        # doctest: +SKIP
-    >>> bpe.encode("Hello world")                # doctest: +SKIP
+    >>> from gpt2.tokenizer.files import read_merges, read_vocab
+    >>> bpe = ReferenceBPE(read_vocab(gpt2_files / "encoder.json"), read_merges(gpt2_files / "vocab.bpe"))
+    >>> bpe.encode("Hello world")
     [15496, 995]
     """
 

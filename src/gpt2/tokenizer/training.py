@@ -56,8 +56,11 @@ def train_tokenizer(
     (searched recursively for `file_pattern`, read as UTF-8 with invalid bytes replaced). Ids follow merge
     order, so the saved files work with any GPT-2 BPE implementation, tiktoken included.
 
-    >>> tok = train_tokenizer([Path("corpus.txt")], vocab_size=8192)   # doctest: +SKIP
-    >>> tok.save("my-tokenizer")                                         # doctest: +SKIP
+    >>> tok = train_tokenizer(["def f(x): return x " * 50], vocab_size=260)  # or [Path("corpus.txt")]
+    >>> tok.vocab_size, tok.decode(tok.encode("def f(x):"))
+    (260, 'def f(x):')
+    >>> sorted(path.name for path in tok.save(tmp / "my-tokenizer").iterdir())  # both OpenAI's and HF's names
+    ['encoder.json', 'merges.txt', 'vocab.bpe', 'vocab.json']
     """
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import models, pre_tokenizers, trainers

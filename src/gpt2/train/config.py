@@ -30,6 +30,9 @@ DeviceName = str  # "auto", "cpu", "cuda", "cuda:1", ...
 TokenizerSpec = str  # "bytes" (or "byte"), "bpe" (train one on the corpus), or a tokenizer directory / Hub name
 Parallel = Literal["ddp", "fsdp"]
 OptimizerImpl = Literal["auto", "fused", "foreach", "for-loop"]
+OptimizerName = Literal["adamw", "muon"]
+LRSchedule = Literal["cosine", "wsd"]
+NSDtype = Literal["auto", "float32", "bfloat16"]
 
 
 @dataclass(frozen=True)
@@ -77,9 +80,13 @@ class TrainConfig:
     """Tokens per optimizer step over all processes; grad_accum_steps is then derived as
     total_batch_tokens / (batch_size * block_size * world_size), which must divide exactly."""
 
-    # --- optimization (AdamW, linear warmup, cosine decay)
+    # --- optimization (AdamW or Muon; linear warmup, then cosine decay or warmup-stable-decay)
+    optimizer: OptimizerName = "adamw"
+    """'adamw': AdamW for every parameter (GPT-2's recipe). 'muon': Muon for the transformer blocks' 2-D weights
+    (muon_* settings), AdamW (learning_rate, betas, weight_decay) for embeddings, the tied head, biases and
+    LayerNorm gains."""
     max_steps: int = 1000
-    """Optimizer steps; the cosine decay ends here."""
+    """Optimizer steps; the LR decay ends here."""
     learning_rate: float = 6e-4
     """Peak learning rate, reached at the end of warmup."""
     min_lr_ratio: float = 0.1
@@ -94,6 +101,26 @@ class TrainConfig:
     """Clip the global gradient norm to this; 0 disables clipping."""
     optimizer_impl: OptimizerImpl = "auto"
     """AdamW implementation: 'auto' = fused where available (CUDA, and CPU), else foreach."""
+    lr_schedule: LRSchedule = "cosine"
+    """After warmup: 'cosine' decay to the floor at max_steps; 'wsd' = hold the peak, then decay linearly to the
+    floor over the last decay_fraction of max_steps."""
+    decay_fraction: float = 0.2
+    """lr_schedule='wsd': the fraction of max_steps spent decaying."""
+    muon_lr: float = 0.02
+    """optimizer='muon': the Muon matrices' peak LR (scaled by sqrt(max(1, out/in)) per matrix), on the same
+    schedule as learning_rate."""
+    muon_momentum: float = 0.95
+    """Muon's (Nesterov) momentum."""
+    muon_momentum_warmup_steps: int = 0
+    """Raise Muon's momentum linearly from 0.85 to muon_momentum over this many steps (0 = none)."""
+    muon_weight_decay: float = 0.0
+    """Decoupled weight decay of the Muon matrices (W <- W * (1 - lr * wd))."""
+    muon_ns_steps: int = 5
+    """Newton-Schulz iterations per step."""
+    muon_ns_dtype: NSDtype = "auto"
+    """dtype of the Newton-Schulz iterations: 'auto' = bfloat16 on CUDA, float32 on a CPU."""
+    muon_compile: bool = False
+    """torch.compile the Newton-Schulz iterations."""
 
     # --- evaluation, logging, checkpoints
     eval_interval: int = 100
@@ -151,7 +178,8 @@ class TrainConfig:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be a positive integer or unset, got {value}")
-        for name in ("warmup_steps", "eval_interval", "checkpoint_interval", "sample_tokens", "seed"):
+        for name in ("warmup_steps", "eval_interval", "checkpoint_interval", "sample_tokens", "seed",
+                     "muon_momentum_warmup_steps", "muon_weight_decay"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.tokenizer == "bpe" and self.vocab_size < 257:
@@ -168,6 +196,17 @@ class TrainConfig:
         for name in ("weight_decay", "grad_clip"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name, choices in (("optimizer", OptimizerName), ("lr_schedule", LRSchedule), ("muon_ns_dtype", NSDtype)):
+            if getattr(self, name) not in typing.get_args(choices):
+                raise ValueError(f"{name} must be one of {typing.get_args(choices)}, got {getattr(self, name)!r}")
+        if not self.muon_lr > 0:
+            raise ValueError(f"muon_lr must be positive, got {self.muon_lr}")
+        if not 0.0 <= self.muon_momentum < 1.0:
+            raise ValueError(f"muon_momentum must be in [0, 1), got {self.muon_momentum}")
+        if not 1 <= self.muon_ns_steps <= 20:
+            raise ValueError(f"muon_ns_steps must be in 1..20, got {self.muon_ns_steps}")
+        if not 0.0 < self.decay_fraction <= 1.0:
+            raise ValueError(f"decay_fraction must be in (0, 1], got {self.decay_fraction}")
         if not self.eps > 0:
             raise ValueError(f"eps must be positive, got {self.eps}")
         if not 0.0 <= self.val_fraction < 1.0:

@@ -58,7 +58,8 @@ from gpt2.train.distributed import (
     replicate,
 )
 from gpt2.train.metrics import METRICS_FILE, PLOT_FILE, Metrics, flops_per_token, peak_flops
-from gpt2.train.schedule import learning_rate_at
+from gpt2.train.optimizer import apply_schedule
+from gpt2.train.schedule import schedule_at
 
 Batch = tuple[torch.Tensor, ...]
 """One micro-batch, e.g. (x, y): token ids (B, T) and their targets (B, T)."""
@@ -223,19 +224,15 @@ class Trainer:
 
     # ----------------------------------------------------------------------------------- one step
     def learning_rate(self, step: int) -> float:
-        """The LR of optimizer step `step` (0-based): warmup, then cosine decay to min_lr at max_steps."""
-        config = self.config
-        return learning_rate_at(step, max_lr=config.learning_rate, min_lr=config.min_lr,
-                                warmup_steps=config.warmup_steps, decay_steps=config.max_steps)  # fmt: skip
+        """The (AdamW) LR of optimizer step `step` (0-based): warmup, then config.lr_schedule's decay to min_lr."""
+        return schedule_at(self.config, step, self.config.learning_rate)
 
     def train_step(self) -> StepStats:
         """One optimizer step. Raises TrainingDiverged (before changing any weight) when the loss is not finite."""
         synchronize(self.device)
         started = time.perf_counter()
-        # 1. set the learning rate of this step, and the seed of its dropout
-        lr = self.learning_rate(self.step)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        # 1. set the learning rates (and Muon's momentum) of this step, and the seed of its dropout
+        lr = apply_schedule(self.optimizer, self.config, self.step)
         torch.manual_seed(step_seed(self.config.seed, self.dist.rank, self.step))
         # 2. micro-steps: gradients of loss / grad_accum_steps add up to the gradient of the mean loss
         loss_sum = torch.zeros((), device=self.device)

@@ -199,7 +199,7 @@ def load_hf(name_or_path: str | os.PathLike[str], **config_overrides: Any) -> GP
         found = "it is empty" if not any(directory.iterdir()) else "it has no config.json"
         raise FileNotFoundError(
             f"{directory} is not a GPT-2 checkpoint ({found}): expected a HF-format directory (config.json + "
-            "model.safetensors), OpenAI's release (hparams.json + model.ckpt.*) or an llm.c .bin file"
+            "model.safetensors), OpenAI's release (hparams.json + model.ckpt.*), an llm.c .bin or a GGUF file"
         )
     try:
         hf_config = json.loads(config_path.read_text())

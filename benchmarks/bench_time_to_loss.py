@@ -1,0 +1,98 @@
+"""Time to a target val loss: the AdamW recipe against Muon recipes, on the same data, alternating in one run.
+
+Tasks:
+- shakespeare-char: nanoGPT's char-Shakespeare CPU recipe (4 layers, width 128, block 64, batch 12, 2000 steps,
+  AdamW lr 1e-3, cosine) re-created with our training loop as `benchmarks/shakespeare_char.py` and the
+  `shakespeare-char` preset (optimizer=adamw) do; target val 1.8857 (nanoGPT's own final value).
+- stdlib: the README's main job (`stdlib` preset, optimizer=adamw as it shipped); target val 3.906 (where it ends).
+
+The figure is the training time to the target: the sum of the step times (metrics.jsonl dt_ms) up to the first
+evaluation at or below the target (evaluation time and data preparation left out, alike for every recipe). The
+data is tokenized once up front. Each variant is `name:key=value,key=value` (overrides of the preset).
+
+    flock /tmp/bench.lock python benchmarks/bench_time_to_loss.py --task shakespeare-char \\
+        --variant adamw:optimizer=adamw --variant muon:optimizer=muon
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpt2.data.cache import DataSpec, prepare_data
+from gpt2.train import train
+from gpt2.train.config import TrainConfig, parse_override
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("GPT2_SHARED_DATA", REPO.parent / "shared" / "data"))
+TARGETS = {"shakespeare-char": 1.8857, "stdlib": 3.906}
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
+    name, _, settings = text.partition(":")
+    return name, dict(parse_override(item) for item in settings.split(",") if item)
+
+
+def time_to_target(out_dir: Path, target: float) -> tuple[float | None, int | None]:
+    """(training seconds, step) at the first evaluation with val loss <= target; (None, None) if never."""
+    seconds = 0.0
+    for line in (out_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if "dt_ms" in record:
+            seconds += record["dt_ms"] / 1000
+        elif "val_loss" in record and record["val_loss"] <= target:
+            return seconds, record["step"]
+    return None, None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--task", choices=list(TARGETS), default="shakespeare-char")
+    parser.add_argument("--variant", action="append", type=parse_variant, help="name:key=value,... (repeatable)")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--eval-interval", type=int, default=50, help="steps between val evaluations")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    variants = args.variant or [("adamw", {"optimizer": "adamw"}), ("muon", {"optimizer": "muon"})]
+    target = TARGETS[args.task]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        base = TrainConfig.from_name(args.task, device="cpu", dtype="float32", sample_tokens=0, checkpoint_interval=0)
+        if args.task == "shakespeare-char":
+            base = base.replace(data=str(SHARED / "corpora" / "tinyshakespeare.txt"))
+        spec = DataSpec(data=base.data, tokenizer=base.tokenizer, vocab_size=base.vocab_size,
+                        max_corpus_bytes=base.max_corpus_bytes, val_fraction=base.val_fraction)  # fmt: skip
+        _, data_dir = prepare_data(spec, Path(tmp) / "data")
+        base = base.replace(data=str(data_dir), tokenizer=str(data_dir / "tokenizer"), eval_interval=args.eval_interval)
+        for repeat in range(args.repeats):
+            for name, overrides in variants:  # alternating: a loaded machine slows every recipe alike
+                config = base.replace(out_dir=str(Path(tmp) / f"{name}-{repeat}"), **overrides)
+                started = time.perf_counter()
+                result = train(config)
+                wall = time.perf_counter() - started
+                seconds, step = time_to_target(Path(config.out_dir), target)
+                row = {
+                    "task": args.task, "variant": name, "overrides": overrides, "repeat": repeat,
+                    "target": target, "time_to_target_s": None if seconds is None else round(seconds, 1),
+                    "step_at_target": step, "final_val": round(result.val_losses[result.step], 4),
+                    "steps": result.step, "train_s": round(sum(json.loads(line).get("dt_ms", 0) for line in
+                    (Path(config.out_dir) / "metrics.jsonl").read_text().splitlines()) / 1000, 1),
+                    "ms_per_step": round(1000 * result.seconds / result.step, 1), "wall_s": round(wall, 1),
+                }  # fmt: skip
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""Beam search: the same beams and scores as transformers' `generate(num_beams=K, do_sample=False)`.
+
+Notation: B = prompts, K = num_beams, V = vocab_size, T = prompt columns (left padding included), L = T +
+max_tokens columns at most.
+
+Each step, for every prompt: the K running beams' next-token log-probabilities (log_softmax, then the logits
+processors, as transformers applies them to log-probabilities), plus each beam's running sum, give K * V
+candidates; the best 2K (more with several stop ids) are kept, so that K of them can go on even when some end
+here. A candidate ends when its token is a stop id or it reaches L columns: among the K best candidates, those
+that end enter the finished set with the score sum(log p) / generated_length ** length_penalty, which keeps its
+K best. The K best candidates that do not end are the next running beams (the KV cache rows are reordered to
+match). The search stops when, per prompt, no running beam can beat the finished set (`early_stopping`: True
+stops as soon as K beams have finished; False estimates the best a running beam can reach at its current length;
+"never" at the longest length when length_penalty > 0), or when every candidate ends.
+
+The prompt is prefilled once per prompt and its cache copied to the K beams; the decode steps run K rows per
+prompt through the same step as `stream` (the native decoder where it can run the model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from gpt2.inference.decoder import native_decoder
+from gpt2.inference.generation import DecodeOptions, check_id_list, check_prompt, prefill, truncated_prompt
+from gpt2.inference.processors import LogitsProcessor, apply_processors, build_processors
+from gpt2.inference.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from gpt2.model import GPT
+
+# transformers' stand-in for "impossible" in beam scores: added to a score it keeps the arithmetic finite
+EXCLUDED = -1.0e9
+
+
+class BeamOutput(NamedTuple):
+    """The n best finished beams of every prompt, best first: sequences (B * n, T + steps) long, prompt included,
+    padded after a beam's end; scores (B * n,) float32, sum(log p) / generated_length ** length_penalty."""
+
+    sequences: torch.Tensor
+    scores: torch.Tensor
+
+
+def _gather(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """tensor (B, N, ...) rows chosen per prompt by index (B, M) -> (B, M, ...)."""
+    while index.dim() < tensor.dim():
+        index = index.unsqueeze(-1)
+    return torch.take_along_dim(tensor, index, dim=1)
+
+
+@torch.no_grad()
+def beam_search(
+    model: GPT,
+    idx: torch.Tensor,
+    params: SamplingParams,
+    *,
+    processors: Sequence[LogitsProcessor] = (),
+    attention_mask: torch.Tensor | None = None,
+    options: DecodeOptions | None = None,
+) -> BeamOutput:
+    """The params.n best of params.num_beams beams for every prompt row of idx (B, T) (module docstring).
+
+    Stop ids are params.stop_token_ids (what transformers calls eos_token_id); the decoding rules of params and
+    `processors` apply to every beam. Prompt + max_tokens must fit the context (no sliding window here).
+
+    >>> from gpt2.config import GPTConfig
+    >>> from gpt2.model import GPT
+    >>> model = GPT(GPTConfig.from_name("gpt2-tiny", vocab_size=100)).eval()
+    >>> params = SamplingParams(max_tokens=5, temperature=0, num_beams=3, n=2)
+    >>> out = beam_search(model, torch.tensor([[1, 2, 3]]), params)
+    >>> out.sequences.shape, out.scores.shape
+    (torch.Size([2, 8]), torch.Size([2]))
+    """
+    config = model.config
+    options = options or DecodeOptions()
+    K, n, penalty, early = params.num_beams, params.n, params.length_penalty, params.early_stopping
+    check_prompt(model, idx, attention_mask, options.truncate)
+    stop_ids = check_id_list("stop_token_ids", params.stop_token_ids, config.vocab_size)
+    device = model.transformer.wte.weight.device
+    idx = truncated_prompt(model, idx, options.truncate).to(device)
+    B, T = idx.shape
+    L = T + params.max_tokens
+    if L > config.block_size:
+        raise ValueError(
+            f"beam search needs prompt + max_tokens <= block_size={config.block_size}, got {T} + {params.max_tokens}; "
+            "lower max_tokens"
+        )
+    fill = options.pad_token_id or (stop_ids[0] if stop_ids else 0)  # transformers': pad, else the first stop id
+    if params.max_tokens == 0:
+        sequences = idx.repeat_interleave(n, dim=0)
+        return BeamOutput(sequences, torch.zeros(B * n, device=device))
+
+    mask = None  # (B * K, L) with left padding, 1 on every generated column
+    if attention_mask is not None and not bool(attention_mask[:, -T:].all()):
+        mask = torch.ones(B * K, L, dtype=torch.long, device=device)
+        mask[:, :T] = attention_mask[:, -T:].to(device).repeat_interleave(K, dim=0)
+    padding = (1 - mask[:, :T]).sum(dim=1) if mask is not None else None
+    rules = build_processors(
+        params, prompt_length=T, vocab_size=config.vocab_size, vocab_limit=options.vocab_limit, padding=padding
+    )
+    rules.extend(processors)
+
+    # The prompt once per prompt row, its cache then copied to the prompt's K beams.
+    prompt_cache = model.new_kv_cache(B, max_len=L)
+    prompt_mask = mask[::K, :T] if mask is not None else None
+    first = prefill(model, idx, prompt_mask, start=0, end=T, cache=prompt_cache)  # (B, V)
+    cache = model.new_kv_cache(B * K, max_len=L)
+    cache.k[:, :, :, :T] = prompt_cache.k[:, :, :, :T].repeat_interleave(K, dim=1)
+    cache.v[:, :, :, :T] = prompt_cache.v[:, :, :, :T].repeat_interleave(K, dim=1)
+    cache.length = T
+    del prompt_cache
+    logits = first.float().repeat_interleave(K, dim=0)  # (B * K, V)
+    positions = mask[:, :T].sum(dim=1) if mask is not None else None  # (B * K,): the next position of each row
+    decoder = native_decoder(model) if options.native is not False else None
+
+    V = logits.size(-1)
+    keep = max(2, 1 + len(stop_ids)) * K  # candidates kept per prompt, so K can go on when some end
+    in_top_k = torch.arange(keep, device=device) < K  # (keep,): only the K best candidates may finish
+    stop_tensor = torch.tensor(stop_ids, dtype=torch.long, device=device)
+    running = torch.full((B, K, L), fill, dtype=torch.long, device=device)
+    running[:, :, :T] = idx[:, None, :]
+    running_scores = torch.zeros(B, K, device=device)
+    running_scores[:, 1:] = EXCLUDED  # the K beams start equal: only the first may spread at the first step
+    finished = running.clone()
+    finished_scores = torch.full((B, K), EXCLUDED, device=device)
+    finished_lengths = torch.zeros(B, K, dtype=torch.long, device=device)
+    is_finished = torch.zeros(B, K, dtype=torch.bool, device=device)
+    improvable = torch.ones(B, 1, dtype=torch.bool, device=device)
+    batch_offset = torch.arange(B, device=device)[:, None] * K  # (B, 1): row of a prompt's first beam
+
+    length = T  # columns filled in every running beam
+    while True:
+        log_probs = F.log_softmax(logits, dim=-1)
+        log_probs = apply_processors(rules, running.view(B * K, L)[:, :length], log_probs)
+        totals = (log_probs.view(B, K, V) + running_scores[:, :, None]).view(B, K * V)
+        top_scores, top_index = torch.topk(totals, keep)  # (B, keep)
+        source = top_index // V  # (B, keep): the beam each candidate extends
+        candidates = _gather(running, source)  # (B, keep, L)
+        candidates[:, :, length] = top_index % V
+        ends = torch.isin(candidates[:, :, length], stop_tensor) | (length + 1 >= L)  # (B, keep)
+
+        # the next running beams: the K best candidates that do not end
+        going_on = top_scores + ends.float() * EXCLUDED
+        chosen = torch.topk(going_on, K).indices  # (B, K)
+        running = _gather(candidates, chosen)
+        running_scores = _gather(going_on, chosen)
+        parents = _gather(source, chosen)  # (B, K)
+
+        # the finished set: its K best among what it held and the top-K candidates that end now
+        generated = length + 1 - T
+        ended_now = ends & in_top_k[None, :]
+        scores = top_scores / (generated**penalty)
+        all_done = is_finished.all(dim=-1, keepdim=True) & (early is True)
+        scores = scores + all_done.float() * EXCLUDED + (~improvable).float() * EXCLUDED + (~ended_now) * EXCLUDED
+        merged_scores = torch.cat((finished_scores, scores), dim=1)
+        best = torch.topk(merged_scores, K).indices
+        finished = _gather(torch.cat((finished, candidates), dim=1), best)
+        finished_scores = _gather(merged_scores, best)
+        new_lengths = torch.full_like(ended_now, generated, dtype=torch.long)
+        finished_lengths = _gather(torch.cat((finished_lengths, new_lengths), dim=1), best)
+        is_finished = _gather(torch.cat((is_finished, ended_now), dim=1), best)
+
+        length += 1
+        best_length = L - T if early == "never" and penalty > 0.0 else length - T
+        best_running = running_scores[:, :1] / (best_length**penalty)
+        worst_finished = torch.where(is_finished, finished_scores.min(dim=1, keepdim=True).values, EXCLUDED)
+        improvable = improvable & (best_running > worst_finished).any(dim=-1, keepdim=True)
+        can_go_on = bool(improvable.any()) and not (early is True and bool(is_finished.all()))
+        if not can_go_on or bool(ends.all()):
+            break
+
+        rows = (parents + batch_offset).view(B * K)  # the cache row each running beam continues
+        if not bool((rows == torch.arange(B * K, device=device)).all()):
+            cache.k[:, :, :, : length - 1] = cache.k[:, rows, :, : length - 1]
+            cache.v[:, :, :, : length - 1] = cache.v[:, rows, :, : length - 1]
+        logits = _decode(model, decoder, running.view(B * K, L)[:, length - 1], cache, mask, positions, length)
+        if positions is not None:
+            positions = positions + 1
+
+    count = int(finished_lengths[:, :n].max())
+    sequences = finished[:, :n, : T + count].reshape(B * n, T + count)
+    return BeamOutput(sequences, finished_scores[:, :n].reshape(B * n))
+
+
+def _decode(
+    model: GPT,
+    decoder: Any,
+    tokens: torch.Tensor,
+    cache: Any,
+    mask: torch.Tensor | None,
+    positions: torch.Tensor | None,
+    length: int,
+) -> torch.Tensor:
+    """One decode step for every beam: tokens (B * K,) at column length - 1 -> logits (B * K, V) float32."""
+    step_mask = mask[:, :length] if mask is not None else None
+    if decoder is not None:
+        return decoder.step(tokens, cache, positions=positions, key_mask=step_mask).float()
+    position_ids = positions[:, None] if positions is not None else None
+    out = model(tokens[:, None], attention_mask=step_mask, position_ids=position_ids, kv_cache=cache, validate=False)
+    return out.logits[:, -1].float()
