@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
 from scipy.stats import chisquare
 
+from gpt2.api import LLM
+from gpt2.cli import main
 from gpt2.config import GPTConfig
 from gpt2.inference.generation import generate
-from gpt2.inference.sampling import filter_top_k
+from gpt2.inference.sampling import SamplingParams, filter_top_k
 from gpt2.inference.speculative import (
     DraftModel,
     PromptLookup,
@@ -22,6 +25,7 @@ from gpt2.inference.speculative import (
     speculative_stream,
 )
 from gpt2.model import GPT
+from gpt2.tokenizer import ByteTokenizer
 
 SEED = 1234
 
@@ -184,3 +188,33 @@ def test_bad_options_are_clear_errors() -> None:
         list(speculative_stream(model, [1], 3, DraftModel(random_gpt(vocab_size=100))))
     with pytest.raises(ValueError, match="top_p"):
         list(speculative_stream(model, [1], 3, PromptLookup(), top_p=2.0))
+
+
+# ------------------------------------------------------------------------------------------ facade and CLI
+def byte_llm(**speculation: object) -> LLM:
+    return LLM(random_gpt(), ByteTokenizer(), torch.device("cpu"), **speculation)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("speculation", [{"prompt_lookup": 4}, {"draft": random_gpt(seed=SEED + 1, n_layer=1)}])
+def test_llm_with_speculation_gives_plain_greedy_text(speculation: dict) -> None:
+    params = SamplingParams(max_tokens=25, temperature=0)
+    for prompt in ["abcabcab", "hello hello hel", "x"]:
+        assert byte_llm(**speculation).generate(prompt, params) == byte_llm().generate(prompt, params)
+
+
+def test_llm_refuses_both_drafters_at_once() -> None:
+    with pytest.raises(ValueError, match="either a draft model or prompt_lookup"):
+        byte_llm(prompt_lookup=3, draft=random_gpt())
+
+
+def test_sample_command_with_prompt_lookup_prints_plain_greedy_text(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    byte_llm().save(tmp_path / "model")
+    command = ["sample", "--model", str(tmp_path / "model"), "--prompt", "abab", "--temperature", "0"]
+    assert main([*command, "--max-new-tokens", "20"]) == 0
+    plain = capsys.readouterr().out
+    assert main([*command, "--max-new-tokens", "20", "--prompt-lookup", "3"]) == 0
+    assert capsys.readouterr().out == plain
+    assert main([*command, "--max-new-tokens", "20", "--draft", str(tmp_path / "model")]) == 0
+    assert capsys.readouterr().out == plain
