@@ -186,7 +186,13 @@ class DraftModel:
     filtered distributions, with its own KV cache (rolled back with the target's)."""
 
     model: GPT
+    num_tokens: int = 4
+    """k: tokens drafted per step (each costs a draft step; a rejected one is wasted)."""
     _state: _CachedModel | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.num_tokens, bool) or not isinstance(self.num_tokens, int) or self.num_tokens < 1:
+            raise ValueError(f"draft num_tokens must be an integer >= 1, got {self.num_tokens!r}")
 
     def start(self, *, slide_by: int | None, native: bool) -> None:
         block_size = self.model.config.block_size
@@ -194,7 +200,7 @@ class DraftModel:
 
     def max_draft(self) -> int:
         assert self._state is not None, "call start() first"
-        return self._state.max_draft
+        return min(self.num_tokens, self._state.max_draft)
 
     def propose(
         self, tokens: torch.Tensor, n: int, k: int, sampler: Sampler, vocab: int, generator: torch.Generator | None
