@@ -19,14 +19,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from gpt2.tokenizer.protocol import TextTokenizer
-
-if TYPE_CHECKING:
-    from gpt2.inference.sampling import SamplingParams
 
 INSTALL_HINT = "structured output needs xgrammar: pip install 'gpt2[structured]'"
 JSON_OBJECT: dict[str, Any] = {"type": "object"}
@@ -144,15 +141,25 @@ class GrammarMask:
         return logits if work is logits else work.to(logits.device, logits.dtype)
 
 
+class GrammarFields(Protocol):
+    """What structured output reads of a SamplingParams (not imported: sampling.py validates with this module)."""
+
+    @property
+    def regex(self) -> str | None: ...
+
+    @property
+    def json_schema(self) -> Mapping[str, Any] | str | None: ...
+
+
 def structured_processor(
-    params: SamplingParams, tokenizer: TextTokenizer, *, compiler: GrammarCompiler | None = None
+    params: GrammarFields, tokenizer: TextTokenizer, *, compiler: GrammarCompiler | None = None
 ) -> GrammarMask | None:
     """The grammar mask `params.regex` or `params.json_schema` asks for, or None. Pass a `compiler` kept for
     `tokenizer` to skip rebuilding its vocabulary tables (~0.1-0.5 s for GPT-2's 50257 tokens) per call.
 
     >>> mask = structured_processor(SamplingParams(regex="[0-9]{3}"), tokenizer)   # doctest: +SKIP
     """
-    regex, json_schema = getattr(params, "regex", None), getattr(params, "json_schema", None)
+    regex, json_schema = params.regex, params.json_schema
     if regex is None and json_schema is None:
         return None
     compiler = compiler if compiler is not None else GrammarCompiler(tokenizer)
