@@ -19,7 +19,9 @@ import torch
 
 from gpt2.inference.generation import generate_texts, stream_text
 from gpt2.inference.layouts import prepare_for_inference
+from gpt2.inference.processors import build_processors
 from gpt2.inference.sampling import SamplingParams
+from gpt2.inference.speculative import Drafter, DraftModel, PromptLookup, speculative_text
 from gpt2.model import GPT
 from gpt2.runtime.device import resolve_device
 from gpt2.runtime.gguf import is_gguf
@@ -37,9 +39,19 @@ class LLM:
     model: GPT
     tokenizer: TextTokenizer
     device: torch.device
+    draft: GPT | None = None
+    """Speculative decoding with this smaller model (same tokenizer) drafting (gpt2.inference.speculative)."""
+    prompt_lookup: int | None = None
+    """Speculative decoding with n-gram (prompt lookup) drafts of this many tokens."""
 
     def __post_init__(self) -> None:
         check_compatible(self.model, self.tokenizer)
+        if self.draft is not None and self.prompt_lookup is not None:
+            raise ValueError("pass either a draft model or prompt_lookup, not both")
+        if self.draft is not None:
+            check_compatible(self.draft, self.tokenizer)
+        if self.prompt_lookup is not None:
+            PromptLookup(num_tokens=self.prompt_lookup)  # validated once
 
     @classmethod
     def load(
@@ -49,6 +61,8 @@ class LLM:
         tokenizer: str | os.PathLike[str] | None = None,
         device: str | torch.device = "auto",
         precision: str | None = None,
+        draft: str | os.PathLike[str] | None = None,
+        prompt_lookup: int | None = None,
     ) -> LLM:
         """Load a model (HF directory or Hub name, OpenAI's TF release, llm.c `.bin`) and its tokenizer.
 
@@ -56,18 +70,45 @@ class LLM:
         or the folder holding an llm.c file). precision: None keeps the trainable float32 model; one of
         `PRECISIONS` ('float32', 'bfloat16', 'float16' (GPU only), 'int8', 'int4') turns it into the fastest
         inference form (see prepare_for_inference; README's "Precisions" table says what each computes).
+        draft: a smaller model with the same tokenizer for speculative decoding, loaded like `model`, same
+        precision; prompt_lookup: speculative decoding with n-gram drafts of this many tokens instead.
         """
         resolved = device if isinstance(device, torch.device) else resolve_device(device)
         loaded = load_model(model).to(resolved)  # first: a wrong model path is named as such
         if precision is not None:
             prepare_for_inference(loaded, precision)
-        return cls(loaded, _tokenizer_for(model, tokenizer), resolved)
+        text_tokenizer = _tokenizer_for(model, tokenizer)
+        drafter = None
+        if draft is not None:
+            drafter = load_model(draft).to(resolved)
+            if precision is not None:
+                prepare_for_inference(drafter, precision)
+            _check_draft_tokenizer(draft, text_tokenizer)
+        return cls(loaded, text_tokenizer, resolved, draft=drafter, prompt_lookup=prompt_lookup)
 
     def stream(
         self, prompt: str | Sequence[int], params: SamplingParams | None = None, **engine_options: object
     ) -> Iterator[str]:
-        """The continuation of `prompt` (text or token ids) as text pieces, while it is generated (`stream_text`)."""
-        return stream_text(self.model, self.tokenizer, prompt, params or SamplingParams(), **engine_options)
+        """The continuation of `prompt` (text or token ids) as text pieces, while it is generated (`stream_text`).
+
+        With a draft model or prompt_lookup, speculative decoding (`speculative_text`: the same text for greedy,
+        the same distribution for sampling) where params use only the sampler's rules (temperature, top-k,
+        top-p, stops, seed); other rules (penalties, grammars, beams) decode as usual."""
+        params = params or SamplingParams()
+        drafter = self._drafter(params)
+        if drafter is not None:
+            slide_by = engine_options.get("slide_by")
+            return speculative_text(self.model, self.tokenizer, prompt, params, drafter, slide_by=slide_by)  # type: ignore[arg-type]
+        return stream_text(self.model, self.tokenizer, prompt, params, **engine_options)
+
+    def _drafter(self, params: SamplingParams) -> Drafter | None:
+        """The drafter for speculative decoding of `params`, or None (none configured, or rules it lacks)."""
+        if self.draft is None and self.prompt_lookup is None:
+            return None
+        rules = build_processors(params, prompt_length=0, vocab_size=self.model.config.vocab_size)
+        if rules or params.num_beams > 1 or params.regex is not None or params.json_schema is not None:
+            return None
+        return DraftModel(self.draft) if self.draft is not None else PromptLookup(num_tokens=self.prompt_lookup or 10)
 
     @overload
     def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> list[str]: ...
@@ -106,6 +147,19 @@ def _tokenizer_for(model: str | os.PathLike[str], tokenizer: str | os.PathLike[s
         return load_tokenizer(source)
     except FileNotFoundError as err:
         raise FileNotFoundError(f"no tokenizer saved with the model ({err}); pass --tokenizer DIR_OR_NAME") from err
+
+
+def _check_draft_tokenizer(draft: str | os.PathLike[str], tokenizer: TextTokenizer) -> None:
+    """Refuse a draft model saved with a different tokenizer (one saved without any is taken on trust)."""
+    try:
+        own = _tokenizer_for(draft, None)
+    except FileNotFoundError:
+        return
+    if own.identity != tokenizer.identity:
+        raise ValueError(
+            f"the draft model {draft} was trained with another tokenizer ({own.identity} vs {tokenizer.identity}); "
+            "a draft model must share the target's tokenizer"
+        )
 
 
 def check_compatible(model: GPT, tokenizer: TextTokenizer) -> None:

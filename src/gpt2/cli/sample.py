@@ -35,6 +35,16 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--truncate", choices=["left"], help="cut a prompt longer than the context from the left")
     parser.add_argument("--slide-by", type=int, help="window shift past the context (default block_size // 4)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the decode step (GPU)")
+    speculation = parser.add_mutually_exclusive_group()
+    speculation.add_argument("--draft", metavar="DIR", help="speculative decoding: a smaller model, same tokenizer")
+    speculation.add_argument(
+        "--prompt-lookup",
+        type=int,
+        nargs="?",
+        const=10,
+        metavar="N",
+        help="speculative decoding with n-gram drafts of N tokens from the text so far (default 10)",
+    )
     parser.add_argument("--no-echo", action="store_true", help="print only the continuation, not the prompt")
     parser.set_defaults(func=run)
 
@@ -46,7 +56,14 @@ def run(args: argparse.Namespace) -> int:
         prompt = sys.stdin.read()
     if not prompt:
         raise ValueError("the prompt is empty; pass --prompt TEXT or pipe text on stdin")
-    llm = LLM.load(args.model, tokenizer=args.tokenizer, device=args.device, precision=args.dtype)
+    llm = LLM.load(
+        args.model,
+        tokenizer=args.tokenizer,
+        device=args.device,
+        precision=args.dtype,
+        draft=args.draft,
+        prompt_lookup=args.prompt_lookup,
+    )
     engine = dict(truncate=args.truncate, slide_by=args.slide_by, compile=args.compile)
     if params.num_beams > 1:  # beams are whole sequences: printed once found, best first
         beams = llm.generate(prompt, params)

@@ -46,6 +46,7 @@ from gpt2.inference.decoder import native_decoder
 from gpt2.inference.decoding import DecodeOptions, Truncate, check_id_list, check_prompt, prefill, truncated_prompt
 from gpt2.inference.processors import LogitsProcessor, apply_processors, build_processors, with_end_of_text
 from gpt2.inference.sampling import Generators, SamplingParams, sample_next_token
+from gpt2.inference.structured import structured_processor
 from gpt2.inference.text import TextAssembler
 from gpt2.tokenizer.protocol import TextTokenizer
 
@@ -290,8 +291,13 @@ def stream_text(
     params, stop_ids = _text_params(model, tokenizer, params)
     device = model.transformer.wte.weight.device
     options = DecodeOptions(vocab_limit=len(tokenizer), **engine_options)
-    tokens = stream(model, torch.tensor([ids], device=device), params, options=options)
+    grammar = structured_processor(params, tokenizer)  # regex / json_schema: a grammar mask, else None
+    tokens = stream(model, torch.tensor([ids], device=device), params, options=options, processors=_some(grammar))
     yield from text_pieces(tokenizer, (int(token[0]) for token in tokens), stop_ids, params.stop)
+
+
+def _some(processor: LogitsProcessor | None) -> list[LogitsProcessor]:
+    return [] if processor is None else [processor]
 
 
 def generate_texts(
@@ -326,8 +332,9 @@ def generate_texts(
         generators = None
         if params.seed is not None:
             generators = [torch.Generator(device=device).manual_seed(params.seed + i) for _ in ids for i in range(n)]
+        grammar = structured_processor(params, tokenizer)  # one mask, a matcher per row
         steps = list(stream(model, idx, params.replace(seed=None), attention_mask=mask, generator=generators,
-                            options=options))  # fmt: skip
+                            options=options, processors=_some(grammar)))  # fmt: skip
         rows = torch.stack(steps, dim=1).tolist() if steps else [[] for _ in range(idx.size(0))]
     texts = ["".join(text_pieces(tokenizer, iter(row), stop_ids, params.stop)) for row in rows]
     return [texts[i * n : (i + 1) * n] for i in range(len(ids))]

@@ -94,6 +94,12 @@ class SamplingParams:
     """Beam search: True stops once num_beams beams have finished; False stops when no running beam can beat
     them (transformers' heuristic); "never" runs the exact check (transformers' meanings)."""
 
+    regex: str | None = None
+    """Structured output: the continuation matches this regular expression (gpt2.inference.structured)."""
+    json_schema: Mapping[str, Any] | str | None = field(default=None, hash=False)
+    """Structured output: the continuation is JSON valid under this schema, a dict or its JSON text
+    ({"type": "object"}: any JSON object, OpenAI's json_object)."""
+
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
@@ -126,6 +132,10 @@ class SamplingParams:
             raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
         self._check_rules()
         self._check_beams()
+        if self.regex is not None or self.json_schema is not None:
+            from gpt2.inference.structured import check_structured  # the grammar library loads only when asked
+
+            check_structured(self.regex, self.json_schema)
 
     def _check_rules(self) -> None:
         if not _is_finite(self.repetition_penalty) or self.repetition_penalty <= 0:

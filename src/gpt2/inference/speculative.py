@@ -1,0 +1,392 @@
+"""Speculative decoding, exact: a cheap drafter proposes k tokens, the model verifies them in one forward.
+
+Notation: V = vocabulary size, k = drafted tokens per step, n = committed tokens (prompt + generated).
+
+Each step the drafter guesses the next k tokens d_1..d_k; one forward of the target over [last committed
+token, d_1, ..., d_k] with its KV cache gives the target's k + 1 next-token distributions p_0..p_k at once
+(decoding at batch 1 reads every weight once per forward, whatever k is: this is how speculation gets past the
+memory-bandwidth limit of one token per weight read). Then, left to right:
+
+- greedy: d_i is kept while it is the target's argmax; the first mismatch is replaced by the argmax, and when
+  every draft is kept p_k's argmax comes for free. The output is plain greedy decoding's, token for token.
+- sampling (Leviathan et al. 2023, Chen et al. 2023): d_i, drafted from q_i, is kept with probability
+  min(1, p_i(d_i) / q_i(d_i)); the first rejected one is replaced by a draw from norm(max(0, p_i - q_i)); after
+  k kept drafts one more token is drawn from p_k. Every token is then distributed exactly as the target's p.
+  p and q are the *filtered* distributions of `gpt2.inference.sampling` (temperature, top-k, top-p), so the
+  output follows what plain sampling with the same parameters draws from.
+
+Rejected positions are rolled back by shortening the cache (`KVCache.length`): the keys of rejected drafts are
+simply overwritten by the next forward.
+
+Drafters (the `Drafter` protocol):
+
+- `PromptLookup`: n-gram lookup in the text so far (prompt lookup decoding, as transformers'
+  `prompt_lookup_num_tokens`): the most recent earlier occurrence of the last 1..max_ngram tokens, and the k
+  tokens that followed it. No model, so its q is a point mass (a draft is kept with probability p_i(d_i)).
+  Wins when the continuation repeats the context: code, edits, extraction, quoting.
+- `DraftModel`: a smaller GPT-2 with the same tokenizer drafting k tokens autoregressively with its own cache.
+
+Batch 1 only. Past the context window both models slide as `gpt2.inference.generation.stream` does (re-prefill
+the last block_size - slide_by tokens), but at the points where the next verification no longer fits, so a
+continuation longer than the window is not token-for-token plain decoding's there; within it, it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from gpt2.inference.decoder import NativeDecoder, native_decoder
+from gpt2.inference.generation import DEFAULT_SLIDE_FRACTION
+from gpt2.inference.sampling import SamplingParams, draw, filter_top_k, filter_top_p
+from gpt2.inference.text import TextAssembler
+from gpt2.tokenizer.protocol import TextTokenizer
+
+if TYPE_CHECKING:
+    from gpt2.model import GPT
+
+
+# ------------------------------------------------------------------------------------------ distributions
+@dataclass(frozen=True)
+class Sampler:
+    """The per-step rule of `sample_next_token` as probabilities, so drafts can be accepted against them."""
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits (..., V) -> the filtered distribution sample_next_token draws from (..., V) float32: softmax of
+        logits / temperature after top-k then top-p."""
+        logits = logits.float() / self.temperature
+        if self.top_k is not None:
+            logits = filter_top_k(logits, self.top_k)
+        if self.top_p is not None:
+            logits = filter_top_p(logits, self.top_p)
+        return F.softmax(logits, dim=-1)
+
+
+# ------------------------------------------------------------------------------------------ cached model
+class _CachedModel:
+    """A model, its KV cache and its window over the token buffer: the cache holds the keys of columns
+    [start, start + cache.length) of `tokens`."""
+
+    def __init__(self, model: GPT, *, slide_by: int | None, native: bool) -> None:
+        self.model = model
+        block_size = model.config.block_size
+        self.slide_by = block_size // DEFAULT_SLIDE_FRACTION if slide_by is None else slide_by
+        if isinstance(self.slide_by, bool) or not isinstance(self.slide_by, int) or not 0 <= self.slide_by < block_size:
+            raise ValueError(f"slide_by must be an integer in [0, block_size={block_size}), got {slide_by!r}")
+        self.cache = model.new_kv_cache(1)
+        self.start = 0
+        self.decoder: NativeDecoder | None = native_decoder(model) if native else None
+
+    @property
+    def max_draft(self) -> int:
+        """Drafts per verification that always fit beside the window kept by a slide."""
+        return max(0, min(self.cache.max_len - max(self.slide_by, 1), self.cache.max_len // 2) - 1)
+
+    def logits(self, tokens: torch.Tensor, end: int, count: int) -> torch.Tensor:
+        """Feed the columns of tokens (N,) up to `end` that the cache lacks; the logits (count, V) after each of
+        the last `count` columns [end - count, end)."""
+        if end - self.start > self.cache.max_len:
+            # Full window: keep the last block_size - slide_by columns at positions [0, W) (generation.py).
+            self.start = end - max(self.cache.max_len - self.slide_by, count)
+            self.cache.reset()
+        fresh = tokens[self.start + self.cache.length : end]  # (F,), F >= count
+        assert fresh.numel() >= count >= 1, "the cache holds columns whose logits are asked for"
+        if fresh.numel() == 1 and self.decoder is not None:
+            return self.decoder.step(fresh, self.cache)
+        hidden = self.model.hidden_states(fresh.view(1, -1), kv_cache=self.cache, validate=False)  # (1, F, C)
+        return self.model.lm_head(hidden[0, -count:])  # (count, V)
+
+    def keep(self, columns: int) -> None:
+        """Forget every cached column from `columns` on (rejected drafts)."""
+        self.cache.length = max(0, min(self.cache.length, columns - self.start))
+
+
+# ------------------------------------------------------------------------------------------ drafters
+class Drafter(Protocol):
+    """Proposes the next tokens. One drafter serves one generation at a time (`start` begins a new one)."""
+
+    def start(self, *, slide_by: int | None, native: bool) -> None:
+        """A new sequence begins: forget any state of the previous one."""
+        ...
+
+    def max_draft(self) -> int:
+        """The most tokens `propose` can be asked for."""
+        ...
+
+    def propose(
+        self, tokens: torch.Tensor, n: int, k: int, sampler: Sampler, vocab: int, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Up to k tokens (k',) long continuing tokens[:n], and the distributions (k', vocab) they were drawn
+        from (None: each draft is certain, a point mass). tokens (N,) may be written at [n, n + k)."""
+        ...
+
+    def accept(self, columns: int) -> None:
+        """tokens[:columns] are settled: any state past them is stale."""
+        ...
+
+
+@dataclass
+class PromptLookup:
+    """Draft by n-gram lookup: find the most recent earlier occurrence of the last `max_ngram` (then fewer,
+    down to `min_ngram`) tokens and propose the `num_tokens` tokens that followed it.
+
+    >>> tokens = torch.tensor([5, 6, 7, 8, 9, 5, 6])
+    >>> PromptLookup(num_tokens=2).propose(tokens, 7, 2, Sampler(0), 10, None)[0].tolist()
+    [7, 8]
+    """
+
+    num_tokens: int = 10
+    """k: tokens drafted per step (transformers' prompt_lookup_num_tokens defaults to 10)."""
+    max_ngram: int = 3
+    min_ngram: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.num_tokens, bool) or not isinstance(self.num_tokens, int) or self.num_tokens < 1:
+            raise ValueError(f"prompt lookup num_tokens must be an integer >= 1, got {self.num_tokens!r}")
+        if not 1 <= self.min_ngram <= self.max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram} and {self.max_ngram}")
+
+    def start(self, *, slide_by: int | None, native: bool) -> None:
+        pass
+
+    def max_draft(self) -> int:
+        return self.num_tokens
+
+    def propose(
+        self, tokens: torch.Tensor, n: int, k: int, sampler: Sampler, vocab: int, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        history = tokens[:n]
+        for size in range(min(self.max_ngram, n - 1), self.min_ngram - 1, -1):
+            windows = history[:-1].unfold(0, size, 1)  # (n - size, size): every earlier n-gram
+            hits = (windows == history[n - size :]).all(dim=1).nonzero()
+            if hits.numel():
+                follow = int(hits[-1]) + size  # the most recent match, and the column after it
+                return history[follow : follow + k].clone(), None
+        return history[:0].clone(), None
+
+    def accept(self, columns: int) -> None:
+        pass
+
+
+@dataclass
+class DraftModel:
+    """Draft with a smaller model sharing the target's tokenizer: k tokens sampled autoregressively from its
+    filtered distributions, with its own KV cache (rolled back with the target's)."""
+
+    model: GPT
+    num_tokens: int = 4
+    """k: tokens drafted per step (each costs a draft step; a rejected one is wasted)."""
+    _state: _CachedModel | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.num_tokens, bool) or not isinstance(self.num_tokens, int) or self.num_tokens < 1:
+            raise ValueError(f"draft num_tokens must be an integer >= 1, got {self.num_tokens!r}")
+
+    def start(self, *, slide_by: int | None, native: bool) -> None:
+        block_size = self.model.config.block_size
+        self._state = _CachedModel(self.model, slide_by=min(slide_by or 0, block_size - 1) or None, native=native)
+
+    def max_draft(self) -> int:
+        assert self._state is not None, "call start() first"
+        return min(self.num_tokens, self._state.max_draft)
+
+    def propose(
+        self, tokens: torch.Tensor, n: int, k: int, sampler: Sampler, vocab: int, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        assert self._state is not None, "call start() first"
+        dists = []
+        for j in range(k):
+            logits = self._state.logits(tokens, n + j, 1)[-1, :vocab]  # (vocab,)
+            if sampler.greedy:  # greedy drafts are certain: no distribution needed
+                tokens[n + j] = logits.argmax()
+                continue
+            dists.append(sampler.probs(logits))
+            tokens[n + j] = draw(dists[-1].view(1, -1), generator)[0]
+        return tokens[n : n + k].clone(), torch.stack(dists) if dists else None
+
+    def accept(self, columns: int) -> None:
+        assert self._state is not None, "call start() first"
+        self._state.keep(columns)
+
+
+# ------------------------------------------------------------------------------------------ decoding
+@dataclass
+class SpeculationStats:
+    """Counts of one speculative generation: acceptance rate = accepted / drafted."""
+
+    verifications: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    generated: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+@torch.no_grad()
+def speculative_stream(
+    model: GPT,
+    prompt: Sequence[int] | torch.Tensor,
+    max_new_tokens: int,
+    drafter: Drafter,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    stop_token_ids: Sequence[int] = (),
+    vocab_limit: int | None = None,
+    slide_by: int | None = None,
+    native: bool = True,
+    stats: SpeculationStats | None = None,
+) -> Iterator[int]:
+    """Yield the continuation of one prompt (token ids) token by token, each token verified by `model`.
+
+    The sampling options mean what they mean in `gpt2.inference.generation.stream`; the tokens are those plain
+    decoding gives (greedy) or distributed as they are (sampling), module docstring. Ends after an id in
+    stop_token_ids (yielded) or max_new_tokens tokens. vocab_limit: never draw ids >= this. native: run
+    one-token forwards (the draft model's steps, steps with nothing drafted) in the native decoder where it can.
+    stats: filled in with the counts of drafted and accepted tokens.
+
+    >>> list(speculative_stream(model, [1, 2, 3], 20, PromptLookup(), temperature=0))   # doctest: +SKIP
+    """
+    SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p or 1.0, seed=seed)
+    if seed is not None and generator is not None:
+        raise ValueError("pass either seed or generator, not both (a seed makes a fresh generator)")
+    ids = prompt.view(-1).tolist() if isinstance(prompt, torch.Tensor) else list(prompt)
+    config = model.config
+    vocab = config.vocab_size if vocab_limit is None else min(vocab_limit, config.vocab_size)
+    if not ids:
+        raise ValueError("the prompt holds no tokens; every prompt needs at least one")
+    if any(not isinstance(token, int) or not 0 <= token < vocab for token in ids):
+        raise ValueError(f"the prompt holds ids outside the vocabulary [0, {vocab}); check the tokenizer")
+    if len(ids) > config.block_size:
+        raise ValueError(f"prompt of {len(ids)} tokens exceeds the model's context block_size={config.block_size}")
+    if isinstance(drafter, DraftModel) and drafter.model.config.vocab_size < vocab:
+        raise ValueError(
+            f"the draft model has {drafter.model.config.vocab_size} tokens, the target {vocab}: a draft model "
+            "must share the target's tokenizer"
+        )
+    sampler = Sampler(temperature, top_k, top_p)
+    device = model.transformer.wte.weight.device
+    if seed is not None:
+        generator = torch.Generator(device=device).manual_seed(seed)
+    stats = stats if stats is not None else SpeculationStats()
+    stops = set(stop_token_ids)
+
+    target = _CachedModel(model, slide_by=slide_by, native=native)
+    drafter.start(slide_by=slide_by, native=native)
+    max_draft = min(target.max_draft, drafter.max_draft())
+    tokens = torch.zeros(len(ids) + max_new_tokens + max_draft + 1, dtype=torch.long, device=device)
+    n = len(ids)
+    tokens[:n] = torch.tensor(ids, dtype=torch.long)
+    produced = 0
+    while produced < max_new_tokens:
+        # never draft past the budget: the last token of a step is always the target's own
+        k = min(max_draft, max_new_tokens - produced - 1)
+        drafts, q = drafter.propose(tokens, n, k, sampler, vocab, generator) if k > 0 else (tokens[:0], None)
+        k = drafts.numel()
+        tokens[n : n + k] = drafts
+        logits = target.logits(tokens, n + k, k + 1)[:, :vocab]  # (k + 1, vocab): p_0 .. p_k
+        accepted, new = _verify(logits, drafts, q, sampler, generator)
+        stats.verifications += 1
+        stats.drafted += k
+        stats.accepted += accepted
+        target.keep(n + accepted)
+        drafter.accept(n + accepted)
+        for token in [*drafts[:accepted].tolist(), new]:
+            tokens[n] = token
+            n += 1
+            produced += 1
+            stats.generated += 1
+            yield token
+            if token in stops:
+                return
+
+
+def _verify(
+    logits: torch.Tensor,
+    drafts: torch.Tensor,
+    q: torch.Tensor | None,
+    sampler: Sampler,
+    generator: torch.Generator | None,
+) -> tuple[int, int]:
+    """The number of drafts kept and the token that follows them, from the target's logits (k + 1, V) after
+    each prefix, the drafts (k,) and their distributions q (k, V) (None: point masses)."""
+    k = drafts.numel()
+    if sampler.greedy:
+        choice = logits.argmax(dim=-1)  # (k + 1,)
+        mismatch = (choice[:k] != drafts).nonzero()
+        accepted = int(mismatch[0]) if mismatch.numel() else k
+        return accepted, int(choice[accepted])
+    p = sampler.probs(logits)  # (k + 1, V)
+    uniforms = torch.rand(k, generator=generator, device=p.device)
+    for i in range(k):
+        token = int(drafts[i])
+        q_token = 1.0 if q is None else float(q[i, token])
+        if float(uniforms[i]) * q_token < float(p[i, token]):  # u < p / q, kept with probability min(1, p / q)
+            continue
+        residual = (p[i] - (F.one_hot(drafts[i], p.size(-1)).float() if q is None else q[i])).clamp(min=0)
+        if float(residual.sum()) <= 0:  # p == q up to rounding: any rejection was rounding; draw from p
+            residual = p[i]
+        return i, int(draw(residual.view(1, -1), generator)[0])
+    return k, int(draw(p[k].view(1, -1), generator)[0])
+
+
+# ------------------------------------------------------------------------------------------ text
+def speculative_text(
+    model: GPT,
+    tokenizer: TextTokenizer,
+    prompt: str | Sequence[int],
+    params: SamplingParams,
+    drafter: Drafter,
+    *,
+    slide_by: int | None = None,
+    stats: SpeculationStats | None = None,
+) -> Iterator[str]:
+    """`gpt2.inference.generation.stream_text` with speculative decoding: the same text pieces, stops and end of
+    text, each token verified by `model` (greedy: the same text as stream_text's within the context window)."""
+    ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    if not ids:
+        raise ValueError("the prompt encodes to no tokens; pass some text (or use the end-of-text token as a start)")
+    stop_ids = [token for token in (tokenizer.eot_token, *params.stop_token_ids) if token < model.config.vocab_size]
+    tokens = speculative_stream(
+        model,
+        ids,
+        params.max_tokens,
+        drafter,
+        temperature=params.temperature,
+        top_k=params.top_k,
+        top_p=params.top_p,
+        seed=params.seed,
+        stop_token_ids=stop_ids,
+        vocab_limit=len(tokenizer),
+        slide_by=slide_by,
+        stats=stats,
+    )
+    text = TextAssembler(tokenizer, params.stop)
+    for token_id in tokens:
+        if token_id in stop_ids:
+            break
+        piece, stopped = text.push(token_id)
+        if piece:
+            yield piece
+        if stopped:
+            return
+    rest = text.finish()
+    if rest:
+        yield rest

@@ -1,0 +1,166 @@
+"""Structured output: a logits processor that masks every token a grammar (a JSON schema, any JSON object, a
+regex) does not allow next, so the continuation is always a valid prefix of the language and can only end
+(end-of-text) where the grammar accepts.
+
+The grammar engine is xgrammar (`pip install 'gpt2[structured]'`). Why it: among the three well-kept libraries
+(xgrammar, llguidance, outlines-core) it installs from PyPI on a plain CPU machine and reads a vocabulary given
+as raw token bytes (`VocabType.RAW`), which is exactly GPT-2's byte-level BPE (`decode_bytes([id])`), with no
+transformers tokenizer object; and its per-token mask is precomputed per grammar state (adaptive token mask
+cache), so a step costs a bitmask fill of V / 32 words plus one masked fill in C++, measured in
+benchmarks/bench_structured.py against a decode step (docs/benchmarks.md).
+
+Usage: `structured_processor(params, tokenizer)` gives the processor for `params.json_schema` / `params.regex`
+(None when neither is set); a `GrammarCompiler` kept beside a tokenizer reuses its vocabulary tables and compiled
+grammars across requests (the server should hold one).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import torch
+
+from gpt2.tokenizer.protocol import TextTokenizer
+
+INSTALL_HINT = "structured output needs xgrammar: pip install 'gpt2[structured]'"
+JSON_OBJECT: dict[str, Any] = {"type": "object"}
+"""The schema of OpenAI's response_format {"type": "json_object"}: any JSON object."""
+
+
+def _xgrammar() -> Any:
+    try:
+        import xgrammar
+    except ImportError as err:
+        raise ValueError(INSTALL_HINT) from err
+    return xgrammar
+
+
+def _reason(err: Exception) -> str:
+    """xgrammar's message on one line, without its '[time] file.cc:line:' prefix."""
+    text = " ".join(str(err).split())
+    return re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", text)
+
+
+def schema_text(json_schema: Mapping[str, Any] | str) -> str:
+    """A JSON schema (dict or JSON text) as canonical JSON text; a ValueError when it is not JSON."""
+    if isinstance(json_schema, str):
+        try:
+            json_schema = json.loads(json_schema)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"json_schema is not valid JSON: {err}") from err
+    if not isinstance(json_schema, Mapping):
+        raise ValueError(f"json_schema must be a JSON object (a dict), got {type(json_schema).__name__}")
+    return json.dumps(json_schema, sort_keys=True)
+
+
+def check_structured(regex: str | None, json_schema: Mapping[str, Any] | str | None) -> None:
+    """Raise a one-line ValueError with the grammar library's reason when the regex or the schema is invalid
+    (what SamplingParams calls at construction)."""
+    if regex is not None and json_schema is not None:
+        raise ValueError("pass either regex or json_schema, not both")
+    if regex is not None and (not isinstance(regex, str) or not regex):
+        raise ValueError(f"regex must be a non-empty string, got {regex!r}")
+    if regex is None and json_schema is None:
+        return
+    xgr = _xgrammar()
+    try:
+        if regex is not None:
+            xgr.Grammar.from_regex(regex)
+        else:
+            xgr.Grammar.from_json_schema(schema_text(json_schema), any_whitespace=False)  # type: ignore[arg-type]
+    except RuntimeError as err:
+        what = "regex" if regex is not None else "json_schema"
+        raise ValueError(f"invalid {what}: {_reason(err)}") from err
+
+
+class GrammarCompiler:
+    """A tokenizer's vocabulary in xgrammar's form and a cache of the grammars compiled for it.
+
+    vocab_size: the model's (its logits' width), which may exceed the tokenizer's (a padded vocabulary: the
+    padding ids are never allowed)."""
+
+    def __init__(self, tokenizer: TextTokenizer, vocab_size: int | None = None) -> None:
+        xgr = _xgrammar()
+        self.tokenizer = tokenizer
+        self.vocab_size = len(tokenizer) if vocab_size is None else vocab_size
+        eot = tokenizer.eot_token
+        # Raw bytes of every token; end-of-text is a stop token, never the text '<|endoftext|>'.
+        vocab = [b"" if token == eot else tokenizer.decode_bytes([token]) for token in range(len(tokenizer))]
+        info = xgr.TokenizerInfo(vocab, xgr.VocabType.RAW, vocab_size=self.vocab_size, stop_token_ids=[eot])
+        self._compiler = xgr.GrammarCompiler(info)
+
+    def compile(self, *, regex: str | None = None, json_schema: Mapping[str, Any] | str | None = None) -> Any:
+        """The compiled grammar of a regex or a JSON schema (cached by xgrammar's compiler)."""
+        check_structured(regex, json_schema)
+        if regex is not None:
+            return self._compiler.compile_regex(regex)
+        assert json_schema is not None, "pass regex or json_schema"
+        # no free whitespace: a model could otherwise pad the JSON with spaces until max_tokens
+        return self._compiler.compile_json_schema(schema_text(json_schema), any_whitespace=False)
+
+
+class GrammarMask:
+    """The logits processor of one grammar: each row (sequence) has its own matcher, which accepts the tokens
+    appended since the last call, then every id the grammar does not allow next gets -inf. End-of-text is
+    allowed only where the grammar accepts; a row whose grammar has ended is left alone (its decoder stops it).
+
+    Stateful: one instance per generation (rows are counted from the first call)."""
+
+    def __init__(self, compiled: Any) -> None:
+        self._xgr = _xgrammar()
+        self._compiled = compiled
+        self._matchers: list[Any] = []
+        self._seen = 0  # columns of token_ids already accepted
+        self._bitmask: torch.Tensor | None = None
+
+    def __call__(self, token_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        B, T = token_ids.shape
+        V = logits.size(-1)
+        if self._bitmask is None:
+            # first call: the columns so far are the prompt, which the grammar does not constrain
+            self._matchers = [self._xgr.GrammarMatcher(self._compiled) for _ in range(B)]
+            self._bitmask = self._xgr.allocate_token_bitmask(B, V)
+        else:
+            new = token_ids[:, self._seen : T].tolist()  # (B, T - seen)
+            for matcher, tokens in zip(self._matchers, new, strict=True):
+                for token in tokens:
+                    if not matcher.is_terminated():
+                        matcher.accept_token(token)  # False for a token past the end (padding): ignored
+        self._seen = T
+        bitmask = self._bitmask
+        bitmask.fill_(-1)  # every id allowed, for rows whose grammar has ended
+        for row, matcher in enumerate(self._matchers):
+            if not matcher.is_terminated():
+                matcher.fill_next_token_bitmask(bitmask, row)
+        on_cpu = logits.device.type == "cpu"
+        work = logits if on_cpu and logits.dtype == torch.float32 else logits.float().cpu()
+        self._xgr.apply_token_bitmask_inplace(work, bitmask, vocab_size=V)
+        return logits if work is logits else work.to(logits.device, logits.dtype)
+
+
+class GrammarFields(Protocol):
+    """What structured output reads of a SamplingParams (not imported: sampling.py validates with this module)."""
+
+    @property
+    def regex(self) -> str | None: ...
+
+    @property
+    def json_schema(self) -> Mapping[str, Any] | str | None: ...
+
+
+def structured_processor(
+    params: GrammarFields, tokenizer: TextTokenizer, *, compiler: GrammarCompiler | None = None
+) -> GrammarMask | None:
+    """The grammar mask `params.regex` or `params.json_schema` asks for, or None. Pass a `compiler` kept for
+    `tokenizer` to skip rebuilding its vocabulary tables (~0.1-0.5 s for GPT-2's 50257 tokens) per call.
+
+    >>> mask = structured_processor(SamplingParams(regex="[0-9]{3}"), tokenizer)   # doctest: +SKIP
+    """
+    regex, json_schema = params.regex, params.json_schema
+    if regex is None and json_schema is None:
+        return None
+    compiler = compiler if compiler is not None else GrammarCompiler(tokenizer)
+    return GrammarMask(compiler.compile(regex=regex, json_schema=json_schema))

@@ -1,0 +1,113 @@
+"""Structured output: every continuation of a random model under a JSON schema parses and validates with
+`jsonschema`; under json_object it is a JSON object; under a regex it fullmatches; end-of-text only where the
+grammar accepts; invalid schemas and regexes are one-line ValueErrors with the library's reason."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import pytest
+import torch
+
+from gpt2.api import LLM
+from gpt2.config import GPTConfig
+from gpt2.inference.sampling import SamplingParams
+from gpt2.inference.structured import JSON_OBJECT, GrammarCompiler, GrammarMask, structured_processor
+from gpt2.model import GPT
+from gpt2.tokenizer import load_tokenizer
+from gpt2.tokenizer.protocol import TextTokenizer
+
+pytest.importorskip("xgrammar")
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "enum": ["ada", "grace", "linus"]},
+        "admin": {"type": "boolean"},
+        "tags": {"type": "array", "items": {"enum": ["x", "y"]}, "maxItems": 3},
+    },
+    "required": ["name", "admin", "tags"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> TextTokenizer:
+    from conftest import shared_file
+
+    return load_tokenizer(Path(shared_file("gpt2-bpe/encoder.json")).parent)
+
+
+@pytest.fixture(scope="module")
+def llm(tokenizer: TextTokenizer) -> LLM:
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=32, vocab_size=len(tokenizer), block_size=256)).eval()
+    return LLM(model, tokenizer, torch.device("cpu"))
+
+
+def test_every_output_under_a_json_schema_validates(llm: LLM) -> None:
+    params = SamplingParams(max_tokens=120, json_schema=SCHEMA, seed=0, n=8)
+    for text in llm.generate("The user:", params):
+        jsonschema.validate(json.loads(text), SCHEMA)
+
+
+def test_a_schema_given_as_json_text_works_the_same(llm: LLM) -> None:
+    params = SamplingParams(max_tokens=120, json_schema=json.dumps(SCHEMA), temperature=0)
+    jsonschema.validate(json.loads(llm.generate("x", params)[0]), SCHEMA)
+
+
+def test_json_object_output_is_an_object(llm: LLM) -> None:
+    params = SamplingParams(max_tokens=80, json_schema=JSON_OBJECT, seed=3, n=4)
+    for text in llm.generate("{", params):
+        if text.endswith("}"):  # a free-form object may be cut by max_tokens; a finished one must parse
+            assert isinstance(json.loads(text), dict)
+        else:
+            assert text.startswith("{")
+
+
+def test_regex_outputs_fullmatch(llm: LLM) -> None:
+    pattern = r"(yes|no), [0-9]{2,4}!"
+    for text in llm.generate("Answer:", SamplingParams(max_tokens=30, regex=pattern, seed=1, n=8)):
+        assert re.fullmatch(pattern, text), text
+
+
+def test_batched_prompts_each_follow_the_grammar(llm: LLM) -> None:
+    pattern = r"[a-c]{3}"
+    outputs = llm.generate(["one", "two prompts"], SamplingParams(max_tokens=10, regex=pattern, seed=2))
+    assert all(re.fullmatch(pattern, texts[0]) for texts in outputs)
+
+
+def test_end_of_text_is_allowed_only_where_the_grammar_accepts(tokenizer: TextTokenizer) -> None:
+    compiler = GrammarCompiler(tokenizer)
+    mask = GrammarMask(compiler.compile(regex="ab"))
+    V, eot = len(tokenizer), tokenizer.eot_token
+    prompt = torch.tensor([[1, 2]])
+    assert mask(prompt, torch.zeros(1, V))[0, eot] == float("-inf")  # nothing yet: "ab" is not done
+    a = tokenizer.encode("a")
+    allowed = mask(torch.tensor([[1, 2, *a]]), torch.zeros(1, V))[0]
+    assert allowed[eot] == float("-inf") and allowed[tokenizer.encode("b")[0]] == 0
+    done = mask(torch.tensor([[1, 2, *a, *tokenizer.encode("b")]]), torch.zeros(1, V))[0]
+    assert done[eot] == 0 and torch.isinf(done).sum() == V - 1  # only end-of-text is left
+
+
+def test_no_grammar_asked_for_is_no_processor(tokenizer: TextTokenizer) -> None:
+    assert structured_processor(SamplingParams(), tokenizer) is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"regex": "a(b"}, "invalid regex: .*parenthesis"),
+        ({"json_schema": {"type": "foo"}}, 'invalid json_schema: .*"foo"'),
+        ({"json_schema": "{not json"}, "json_schema is not valid JSON"),
+        ({"json_schema": [1]}, "must be a JSON object"),
+        ({"regex": "a", "json_schema": {}}, "either regex or json_schema"),
+    ],
+)
+def test_invalid_grammars_are_one_line_value_errors(fields: dict, reason: str) -> None:
+    with pytest.raises(ValueError, match=reason) as caught:
+        SamplingParams(**fields)
+    assert "\n" not in str(caught.value)
