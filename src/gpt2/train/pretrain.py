@@ -18,7 +18,6 @@ Output directory layout (OUT = config.out_dir):
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from gpt2.inference import generate
 from gpt2.model import GPT
 from gpt2.runtime.device import resolve_device
 from gpt2.tokenizer import TextTokenizer
-from gpt2.train.checkpoint import CHECKPOINTS_DIR, latest_checkpoint
+from gpt2.train.checkpoint import previous_checkpoint
 from gpt2.train.config import TrainConfig
 from gpt2.train.distributed import Distributed, barrier, distributed_from_env, full_model, process_group, shard
 from gpt2.train.optimizer import configure_optimizer
@@ -66,7 +65,7 @@ def train(
     with process_group(dist, device):
         say = log if (log is not None and dist.is_main) else (lambda message: None)
         out_dir = Path(config.out_dir)
-        checkpoint = _previous_run(out_dir, resume, overwrite, dist)
+        checkpoint = previous_checkpoint(out_dir, resume, overwrite, dist)
 
         # data: rank 0 tokenizes (once per out_dir), the others wait and then read the same folder
         pretrained = None
@@ -150,25 +149,6 @@ def hellaswag_evaluation(config: TrainConfig, tokenizer: TextTokenizer, say: Cal
         return {"hellaswag_acc": result["acc"], "hellaswag_acc_norm": result["acc_norm"]}
 
     return evaluate
-
-
-def _previous_run(out_dir: Path, resume: bool, overwrite: bool, dist: Distributed) -> Path | None:
-    """The checkpoint to resume from (None for a fresh run); refuses to start over a run unless told to."""
-    latest = latest_checkpoint(out_dir)
-    if resume:
-        if latest is None:
-            raise FileNotFoundError(f"--resume: no checkpoint in {out_dir / CHECKPOINTS_DIR}; start without --resume")
-        return latest
-    if latest is not None:
-        if not overwrite:
-            raise FileExistsError(
-                f"{out_dir} already holds a run (latest checkpoint {latest.name}); pass --resume "
-                "to continue it, --overwrite to start again from scratch, or another out_dir"
-            )
-        if dist.is_main:
-            shutil.rmtree(out_dir / CHECKPOINTS_DIR)
-        barrier(dist)
-    return None
 
 
 def _tokenizer_source(init_from: str) -> str:
