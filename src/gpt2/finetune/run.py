@@ -42,6 +42,7 @@ from gpt2.train.distributed import Distributed
 from gpt2.train.metrics import METRICS_FILE
 from gpt2.train.optimizer import configure_optimizer
 from gpt2.train.pretrain import sample_text
+from gpt2.train.tracking import Tracking, require_trackers
 from gpt2.train.trainer import Trainer
 
 ADAPTER_DIR = "adapter"
@@ -138,6 +139,7 @@ def finetune(
     FileExistsError). stop_at_step: save and return after this step although the LR schedule runs to max_steps."""
     say = log or (lambda message: None)
     out = Path(config.out_dir)
+    require_trackers(config.train.log_to)  # a missing extra is refused before anything is written
     task = TASKS[config.task](config)
     for note in task.notes:
         say(note)
@@ -155,12 +157,12 @@ def finetune(
     B, seed = plan.batch_size, config.train.seed
     train_config = config.training(task.block_size, max(1, math.ceil(task.val_count / B)), B, plan.grad_accum_steps)
     torch.manual_seed(seed)
-    best = BestWeights(out, config.patience, say)
+    best, tracking = BestWeights(out, config.patience, say), Tracking(train_config)
     trainer = Trainer(
         model, configure_optimizer(model, train_config, device), train_config, task.batches(B, seed),
         loss_fn=task.loss_fn, val_batches=task.val_batches(B, seed) if task.val_batches else None,
         tokenizer=task.llm.tokenizer, device=device, end_step=stop_at_step, evaluations=task.evaluations(B),
-        callbacks=[best], checkpoint_weights="trainable", log=say,
+        callbacks=[best, tracking], checkpoint_weights="trainable", log=say,
     )  # fmt: skip
     if checkpoint is not None:
         trainer.resume(checkpoint)
@@ -168,25 +170,29 @@ def finetune(
     say(f"fine-tuning {trained:,} of {model.num_parameters():,} parameters on {device}: {task.train_count} train / "
         f"{task.val_count} val {task.unit}" + (f"; resuming at step {trainer.step}" if checkpoint else ""))  # fmt: skip
     model.train()  # LLM.load gives an inference-mode model: dropout must be on while training
-    result = trainer.fit(progress=progress)
-    done = FinetuneResult(out, trainer.step, best.progress.best_step, best.progress.best_val_loss,
-                          best.progress.first_val_loss, result.stopped_early, task.notes,
-                          best_val_accuracy=best.progress.best_val_accuracy, batch_size=B,
-                          grad_accum_steps=plan.grad_accum_steps, interrupted=result.interrupted)  # fmt: skip
-    if result.interrupted:
+    try:
+        result = trainer.fit(progress=progress)
+        done = FinetuneResult(out, trainer.step, best.progress.best_step, best.progress.best_val_loss,
+                              best.progress.first_val_loss, result.stopped_early, task.notes,
+                              best_val_accuracy=best.progress.best_val_accuracy, batch_size=B,
+                              grad_accum_steps=plan.grad_accum_steps, interrupted=result.interrupted)  # fmt: skip
+        if result.interrupted:
+            return done
+        # the best weights become the output model (merged for LoRA, with the adapter beside it)
+        best.load_best(model)
+        model.activation_checkpointing = False
+        if config.lora:
+            save_adapter(model, config.lora_config(), out / ADAPTER_DIR, base_model=config.model)
+            merge_lora(model)
+        set_dropout(model, saved_dropout)
+        task.write(model, out)
+        if config.task == "lm" and train_config.sample_tokens:
+            done.sample = sample_text(model, task.llm.tokenizer, train_config)
+            atomic_write_text(out / SAMPLE_FILE, done.sample)
+            tracking.text("sample", done.sample)
         return done
-    # the best weights become the output model (merged for LoRA, with the adapter beside it)
-    best.load_best(model)
-    model.activation_checkpointing = False
-    if config.lora:
-        save_adapter(model, config.lora_config(), out / ADAPTER_DIR, base_model=config.model)
-        merge_lora(model)
-    set_dropout(model, saved_dropout)
-    task.write(model, out)
-    if config.task == "lm" and train_config.sample_tokens:
-        done.sample = sample_text(model, task.llm.tokenizer, train_config)
-        atomic_write_text(out / SAMPLE_FILE, done.sample)
-    return done
+    finally:
+        tracking.close()
 
 
 __all__ = ["FinetuneConfig", "FinetuneResult", "finetune", "parse_bytes", "plan_memory", "METRICS_FILE"]

@@ -36,6 +36,7 @@ from gpt2.train.checkpoint import previous_checkpoint
 from gpt2.train.config import TrainConfig
 from gpt2.train.distributed import Distributed, barrier, distributed_from_env, full_model, process_group, shard
 from gpt2.train.optimizer import configure_optimizer
+from gpt2.train.tracking import Tracking, require_trackers
 from gpt2.train.trainer import Evaluation, Trainer, TrainResult, accumulation_steps
 
 DATA_DIR = "data"
@@ -62,6 +63,7 @@ def train(
     """
     dist = distributed_from_env()
     device = resolve_device(config.device, dist.local_rank)
+    require_trackers(config.log_to)  # a missing extra is refused before anything is written
     with process_group(dist, device):
         say = log if (log is not None and dist.is_main) else (lambda message: None)
         out_dir = Path(config.out_dir)
@@ -98,13 +100,15 @@ def train(
         model.activation_checkpointing = config.activation_checkpointing
         if dist.enabled and config.parallel == "fsdp":
             shard(model)
+        tracking = Tracking(config, enabled=dist.is_main)
         trainer = Trainer(
             model, configure_optimizer(model, config, device), config,
             BatchLoader(train_tokens, B, T, rank=dist.rank, world_size=dist.world_size, seed=config.seed),
             val_batches=lambda: BatchLoader(val_tokens, B, T, rank=dist.rank, world_size=dist.world_size,
                                             seed=config.seed + EVAL_SEED_OFFSET),
             tokenizer=tokenizer, device=device, dist=dist, grad_accum_steps=grad_accum, end_step=stop_at_step,
-            evaluations=[hellaswag_evaluation(config, tokenizer, say)] if config.hellaswag_file else [], log=say,
+            evaluations=[hellaswag_evaluation(config, tokenizer, say)] if config.hellaswag_file else [],
+            callbacks=[tracking], log=say,
         )  # fmt: skip
         if checkpoint is not None:
             trainer.resume(checkpoint)
@@ -120,11 +124,13 @@ def train(
             f"{B * T * grad_accum * dist.world_size:,} tokens per step (batch {B} x {T} x accum {grad_accum} x "
             f"{dist.world_size})" + (f"; resuming from {checkpoint}" if checkpoint is not None else "")
         )
-        result = trainer.fit(progress=progress)
-        if config.sample_tokens and not result.interrupted:
-            sample_model = full_model(model) if trainer.sharded else model  # under FSDP every rank joins the gather
-            if dist.is_main:
-                result.sample = sample_text(sample_model, tokenizer, config)
+        with tracking:
+            result = trainer.fit(progress=progress)
+            if config.sample_tokens and not result.interrupted:
+                sample_model = full_model(model) if trainer.sharded else model  # under FSDP every rank gathers
+                if dist.is_main:
+                    result.sample = sample_text(sample_model, tokenizer, config)
+                    tracking.text("sample", result.sample)
         return result
 
 
