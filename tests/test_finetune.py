@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
+from random import Random
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+import gpt2
 from gpt2.api import LLM
 from gpt2.cli import main
 from gpt2.config import GPTConfig
@@ -24,12 +31,13 @@ from gpt2.finetune.classify import (
     load_classifier,
     pad_batch,
 )
+from gpt2.finetune.config import parse_bytes
 from gpt2.finetune.data import Example, RowBatches, Rows
 from gpt2.finetune.memory import estimate_memory
-from gpt2.finetune.run import parse_bytes
 from gpt2.model import IGNORE_INDEX
 from gpt2.tokenizer import ByteTokenizer
 from gpt2.tokenizer.chat import CHAT_TEMPLATE, CHAT_TEMPLATE_FILE, encode_chat, header, render_chat
+from gpt2.train.checkpoint import latest_checkpoint
 from gpt2.train.config import TrainConfig
 from gpt2.train.optimizer import configure_optimizer
 from gpt2.train.trainer import Trainer
@@ -219,11 +227,94 @@ def test_resume_of_a_finetune_is_exact(pretrained: Path, text_file: Path, tmp_pa
     split = finetune(small_run(pretrained, text_file, tmp_path / "split", dropout=0.1), resume=True)
     assert split.step == whole.step == 12
     assert split.best_val_loss == whole.best_val_loss
-    a = load_file(str(tmp_path / "whole" / "checkpoints" / "last" / "trainable.safetensors"))
-    b = load_file(str(tmp_path / "split" / "checkpoints" / "last" / "trainable.safetensors"))
+    a = load_file(str(latest_checkpoint(tmp_path / "whole") / "trainable.safetensors"))
+    b = load_file(str(latest_checkpoint(tmp_path / "split") / "trainable.safetensors"))
     assert a.keys() == b.keys()
     for name in a:
         torch.testing.assert_close(a[name], b[name], atol=0, rtol=0)
+    assert_same_weights(tmp_path / "whole", tmp_path / "split")
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    first, second = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert first.keys() == second.keys()
+    for name in first:
+        assert torch.equal(first[name], second[name]), name
+
+
+def finetune_command(model: Path, data: Path, out: Path, *extra: str) -> list[str]:
+    args = [sys.executable, "-m", "gpt2.cli", "finetune", "--model", str(model), "--data", str(data), "--out",
+            str(out), "--no-progress", *extra]  # fmt: skip
+    for key, value in dict(block_size=32, batch_size=4, max_steps=12, learning_rate=3e-3, warmup_steps=2,
+                           eval_interval=4, checkpoint_interval=2, sample_tokens=0, device="cpu", dtype="float32",
+                           seed=0, dropout=0.1).items():  # fmt: skip
+        args += ["--set", f"{key}={value}"]
+    return args
+
+
+def default_sigint() -> None:
+    """A child's SIGINT as in a terminal: a suite launched in the background passes on an ignored SIGINT, which
+    the trainer (rightly) keeps ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def child_env() -> dict[str, str]:
+    """The environment of a `gpt2` child process: this checkout's package first."""
+    source = str(Path(gpt2.__file__).parents[1])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([source, os.environ.get("PYTHONPATH", "")])}
+
+
+def logged_steps(out: Path) -> list[int]:
+    try:
+        lines = (out / "metrics.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line)["step"] for line in lines if line.endswith("}") and '"loss"' in line]
+
+
+@pytest.mark.slow
+def test_finetune_killed_at_random_moments_then_resumed_gives_the_uninterrupted_weights(
+    pretrained: Path, text_file: Path, tmp_path: Path
+) -> None:
+    whole = subprocess.run(finetune_command(pretrained, text_file, tmp_path / "whole"), env=child_env(),
+                           capture_output=True, text=True)  # fmt: skip
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    out = tmp_path / "killed"
+    random = Random(0)
+    for kill_after in sorted(random.sample(range(1, 12), 4)):  # a step, then a random moment after it
+        resume = ["--resume"] if latest_checkpoint(out) is not None else []
+        child = subprocess.Popen(finetune_command(pretrained, text_file, out, *resume), env=child_env(),
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        while child.poll() is None and max(logged_steps(out), default=0) < kill_after:
+            time.sleep(0.01)
+        time.sleep(random.uniform(0.0, 0.5))  # mid-step, mid-evaluation or mid-save
+        child.send_signal(signal.SIGKILL)
+        assert child.wait() == -signal.SIGKILL, "the run ended before it was killed"
+    resume = ["--resume"] if latest_checkpoint(out) is not None else []
+    done = subprocess.run(finetune_command(pretrained, text_file, out, *resume), env=child_env(),
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert_same_weights(tmp_path / "whole", out)
+
+
+def test_ctrl_c_saves_a_checkpoint_and_exits_130_then_resume_finishes(
+    pretrained: Path, text_file: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    child = subprocess.Popen(finetune_command(pretrained, text_file, out, "--set", "max_steps=100000"), env=child_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=default_sigint)  # fmt: skip
+    while child.poll() is None and not logged_steps(out):  # a step's line in metrics.jsonl: training has begun
+        time.sleep(0.01)
+    child.send_signal(signal.SIGINT)
+    printed, _ = child.communicate(timeout=120)
+    assert child.returncode == 130, printed
+    assert "interrupted at step" in printed and "--resume" in printed
+    checkpoint = latest_checkpoint(out)
+    assert checkpoint is not None and not (out / "model.safetensors").exists()  # no output model yet
+    resumed = finetune(small_run(pretrained, text_file, out, dropout=0.1, checkpoint_interval=2,
+                                 max_steps=int(checkpoint.name.removeprefix("step_")) + 2), resume=True)  # fmt: skip
+    assert (out / "model.safetensors").is_file() and not resumed.interrupted
 
 
 def test_early_stopping_stops_after_patience_evaluations(pretrained: Path, text_file: Path, tmp_path: Path) -> None:
@@ -233,12 +324,38 @@ def test_early_stopping_stops_after_patience_evaluations(pretrained: Path, text_
     assert result.stopped_early and result.step == 2
 
 
-def test_output_dir_that_holds_files_is_refused(pretrained: Path, text_file: Path, tmp_path: Path) -> None:
+def test_an_earlier_run_is_refused_unless_resume_or_overwrite(
+    pretrained: Path, text_file: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    finetune(small_run(pretrained, text_file, out, max_steps=2))
+    with pytest.raises(FileExistsError, match="already holds a run .* --resume .* --overwrite"):
+        finetune(small_run(pretrained, text_file, out, max_steps=2))
+    again = finetune(small_run(pretrained, text_file, out, max_steps=2), overwrite=True)
+    assert again.step == 2 and [p.name for p in out.joinpath("checkpoints").glob("step_*")] == ["step_00000002"]
+
+
+def test_a_run_killed_before_its_first_checkpoint_restarts_in_place(
+    pretrained: Path, text_file: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    (out / "keep.txt").write_text("mine")
-    with pytest.raises(FileExistsError, match="not empty"):
-        finetune(small_run(pretrained, text_file, out))
+    (out / "metrics.jsonl").write_text('{"step": 0, "val_loss": 9.9}\n')  # what a run killed early leaves
+    with pytest.raises(FileNotFoundError, match="--resume: no checkpoint"):
+        finetune(small_run(pretrained, text_file, out, max_steps=2), resume=True)
+    assert finetune(small_run(pretrained, text_file, out, max_steps=2)).step == 2
+
+
+def test_finetune_settings_use_the_training_set_parser() -> None:
+    config = FinetuneConfig.from_settings(["max_steps=5", "train.warmup_steps=1", "lora=yes", "lora_rank=4",
+                                           "batch_size=auto", "log_to=tensorboard", "learning_rate=3e-4"])  # fmt: skip
+    assert (config.train.max_steps, config.train.warmup_steps, config.lora, config.lora_rank) == (5, 1, True, 4)
+    assert (config.batch_size, config.train.log_to, config.learning_rate) == ("auto", ("tensorboard",), 3e-4)
+    assert config.train.weight_decay == 0.0  # fine-tuning's default, not pretraining's
+    with pytest.raises(ValueError, match="max_steps must be int, got 'many'"):
+        FinetuneConfig.from_settings(["max_steps=many"])
+    with pytest.raises(ValueError, match=r"unknown fine-tuning key\(s\) \['nope'\]"):
+        FinetuneConfig.from_settings(["nope=1"])
 
 
 # ----------------------------------------------------------------------------------------- gpt2 chat

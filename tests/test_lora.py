@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from gpt2.api import LLM
 from gpt2.finetune import FinetuneConfig, LoRAConfig, add_lora, finetune, load_adapter, merge_lora, save_adapter
 from gpt2.finetune.lora import LoRALinear
+from gpt2.train.checkpoint import latest_checkpoint
 from gpt2.weights import load_model
 
 transformers = pytest.importorskip("transformers")
@@ -103,7 +104,7 @@ def test_lora_finetune_writes_the_adapter_and_the_merged_model(
                                            sample_tokens=0, device="cpu", dtype="float32", seed=0)  # fmt: skip
     result = finetune(config)
     assert result.best_val_loss < result.first_val_loss
-    checkpoint = load_file(str(out / "checkpoints" / "last" / "trainable.safetensors"))
+    checkpoint = load_file(str(latest_checkpoint(out) / "trainable.safetensors"))  # the adapters only
     assert checkpoint and all(name.endswith(("lora_A", "lora_B")) for name in checkpoint)
     # the merged model (a plain HF directory) computes what the base plus PEFT's view of our adapter computes
     merged = LLM.load(out, device="cpu").model

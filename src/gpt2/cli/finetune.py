@@ -1,5 +1,5 @@
 """`gpt2 finetune --model DIR_OR_NAME --data PATH --out DIR [--task lm|classification] [--lora] [--set KEY=VALUE ...]
-[--resume]`.
+[--resume | --overwrite]`.
 
 Fine-tunes a pretrained model with its own tokenizer on a text file or folder, JSONL (text, prompt/completion or
 chat records) or CSV (--set text_column=NAME); writes an HF-format model + tokenizer into --out. With --task
@@ -31,15 +31,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--model", required=True, help="pretrained model: HF directory or Hub name (e.g. gpt2)")
     parser.add_argument("--data", required=True, help="text file or folder, .jsonl or .csv")
-    parser.add_argument("--out", required=True, help="output directory (must be empty unless --resume)")
+    parser.add_argument("--out", required=True, help="output directory (a run's checkpoints there need --resume or "
+                        "--overwrite)")  # fmt: skip
     parser.add_argument("--task", choices=("lm", "classification"), default=None,
                         help="lm (default): next-token fine-tuning; classification: text + label records")  # fmt: skip
     parser.add_argument("--lora", action="store_true", help="train LoRA adapters only (also saved in PEFT's format)")
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="a fine-tuning setting (repeatable), e.g. --set max_steps=500 --set lora_rank=16 --set patience=3",
+        help="a fine-tuning or training setting (repeatable), read as gpt2 train reads --set, e.g. --set max_steps=500 "
+             "--set lora_rank=16 --set patience=3 --set log_to=tensorboard",
     )  # fmt: skip
-    parser.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    parser.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    parser.add_argument(
+        "--overwrite", action="store_true",
+        help="start from scratch, deleting the checkpoints of an earlier run in --out",
+    )  # fmt: skip
+    parser.add_argument("--stop-at-step", type=int, metavar="N",
+                        help="save and stop after step N (the LR schedule still runs to max_steps)")  # fmt: skip
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
 
@@ -47,21 +55,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from tqdm.auto import tqdm
 
+    from gpt2.cli.train import EXIT_INTERRUPTED
     from gpt2.finetune import FinetuneConfig, finetune
-    from gpt2.train.config import parse_override
 
-    values = dict(parse_override(item) for item in args.overrides)
-    values.update(model=args.model, data=args.data, out_dir=args.out)
+    values: dict[str, object] = {"model": args.model, "data": args.data, "out_dir": args.out}
     if args.lora:
         values["lora"] = True
     if args.task is not None:
         values["task"] = args.task
-    config = FinetuneConfig.from_overrides(**values)
+    config = FinetuneConfig.from_settings(args.overrides, **values)
 
     def log(message: str) -> None:
         tqdm.write(message, file=sys.stderr)
 
-    result = finetune(config, resume=args.resume, progress=not args.no_progress, log=log)
+    result = finetune(config, resume=args.resume, overwrite=args.overwrite, stop_at_step=args.stop_at_step,
+                      progress=not args.no_progress, log=log)  # fmt: skip
+    if result.interrupted:
+        again = [a for a in sys.argv[2:] if a != "--overwrite"] if sys.argv[1:2] == ["finetune"] else []
+        print(f"interrupted at step {result.step}; checkpoint saved in {result.out_dir}; continue with: "
+              + " ".join(["gpt2 finetune", *again, *([] if "--resume" in again else ["--resume"])]))  # fmt: skip
+        return EXIT_INTERRUPTED
     accuracy = f", val accuracy {result.best_val_accuracy:.3f}" if result.best_val_accuracy is not None else ""
     print(f"step {result.step}: best val loss {result.best_val_loss:.4f}{accuracy} at step {result.best_step} "
           f"(first {result.first_val_loss:.4f})" + ("; stopped early" if result.stopped_early else ""))  # fmt: skip

@@ -2,6 +2,7 @@
 (`gpt2.tokenizer.chat`), LoRA adapters (PEFT's format), and the run that ties them to the Trainer."""
 
 from gpt2.finetune.chat import ChatSession
+from gpt2.finetune.config import FinetuneConfig
 from gpt2.finetune.data import Example, RowBatches, Rows, load_examples, make_rows, split_rows
 from gpt2.finetune.lora import (
     LoRAConfig,
@@ -14,7 +15,7 @@ from gpt2.finetune.lora import (
     read_adapter_config,
     save_adapter,
 )
-from gpt2.finetune.run import FinetuneConfig, FinetuneResult, finetune
+from gpt2.finetune.run import FinetuneResult, finetune
 
 __all__ = [
     "ChatSession", "Example", "FinetuneConfig", "FinetuneResult", "LoRAConfig", "LoRALinear", "RowBatches", "Rows",

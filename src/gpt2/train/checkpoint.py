@@ -13,21 +13,25 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_model, save_model
+import torch.nn as nn
+from safetensors.torch import load_model, save_file, save_model
 
 from gpt2.model import GPT
 from gpt2.runtime.files import atomic_copy_file
 from gpt2.tokenizer import TextTokenizer
 from gpt2.train.config import TrainConfig
+from gpt2.train.distributed import Distributed, barrier
 from gpt2.weights import config_from_hf, load_hf_state_dict, read_hf_state_dict, save_pretrained
 
 TRAIN_STATE_FILE = "train_state.pt"
 TRAIN_CONFIG_FILE = "train_config.json"
 MODEL_STATE_FILE = "model_state.safetensors"
+TRAINABLE_FILE = "trainable.safetensors"
 TRAIN_STATE_FORMAT = "gpt2-train-state"
 TRAIN_STATE_VERSION = 1
 CHECKPOINTS_DIR = "checkpoints"
@@ -60,6 +64,45 @@ def save_checkpoint(
 ) -> Path:
     """Write OUT/checkpoints/step_N atomically (a temporary folder renamed into place), drop all but the last
     `keep`, then copy the model and tokenizer files to OUT's top level. `state` holds plain tensors and containers."""
+
+    def write_model(folder: Path) -> None:
+        save_pretrained(model, folder)
+        if type(model) is not GPT:  # a subclass's extra weights: the full state_dict (tied tensors saved once)
+            save_model(model, str(folder / MODEL_STATE_FILE))
+        if tokenizer is not None:
+            tokenizer.save(folder)
+
+    final = write_checkpoint(out_dir, step, write_model, state, config, keep)
+    # The latest model and tokenizer at the top level too, for `gpt2 sample --model OUT`: copied from the
+    # checkpoint just written (the weights are serialized once per save), each file atomically.
+    for file in sorted(final.iterdir()):
+        if file.name not in (TRAIN_STATE_FILE, TRAIN_CONFIG_FILE, MODEL_STATE_FILE):
+            atomic_copy_file(file, out_dir / file.name)
+    return final
+
+
+def save_trainable_checkpoint(
+    out_dir: Path, step: int, model: nn.Module, state: dict[str, Any], config: TrainConfig, keep: int
+) -> Path:
+    """A checkpoint of only the parameters that train (TRAINABLE_FILE): for fine-tuning, whose frozen weights
+    come from the pretrained model and whose output model is written at the end. Atomic as `save_checkpoint`."""
+
+    def write_trainable(folder: Path) -> None:
+        save_file(trainable_state(model), str(folder / TRAINABLE_FILE))
+
+    return write_checkpoint(out_dir, step, write_trainable, state, config, keep)
+
+
+def write_checkpoint(
+    out_dir: Path,
+    step: int,
+    write_model: Callable[[Path], None],
+    state: dict[str, Any],
+    config: TrainConfig,
+    keep: int,
+) -> Path:
+    """OUT/checkpoints/step_N: `write_model(folder)` fills a hidden temporary folder, the training state and
+    config go beside it, and the folder is renamed into place; then all but the last `keep` are dropped."""
     root = out_dir / CHECKPOINTS_DIR
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{CHECKPOINT_PREFIX}{step:08d}"
@@ -67,11 +110,8 @@ def save_checkpoint(
     if tmp.exists():
         shutil.rmtree(tmp)
     try:
-        save_pretrained(model, tmp)
-        if type(model) is not GPT:  # a subclass's extra weights: the full state_dict (tied tensors saved once)
-            save_model(model, str(tmp / MODEL_STATE_FILE))
-        if tokenizer is not None:
-            tokenizer.save(tmp)
+        tmp.mkdir()
+        write_model(tmp)
         (tmp / TRAIN_CONFIG_FILE).write_text(json.dumps(config.to_dict(), indent=1) + "\n")
         with open(tmp / TRAIN_STATE_FILE, "wb") as f:
             torch.save(state, f)
@@ -88,12 +128,47 @@ def save_checkpoint(
             shutil.rmtree(stale, ignore_errors=True)
     for old in checkpoint_dirs(out_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
-    # The latest model and tokenizer at the top level too, for `gpt2 sample --model OUT`: copied from the
-    # checkpoint just written (the weights are serialized once per save), each file atomically.
-    for file in sorted(final.iterdir()):
-        if file.name not in (TRAIN_STATE_FILE, TRAIN_CONFIG_FILE, MODEL_STATE_FILE):
-            atomic_copy_file(file, out_dir / file.name)
     return final
+
+
+def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The parameters that train (all of them for a full fine-tune, the adapters for LoRA), by name."""
+    return {name: p.detach().contiguous() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def load_trainable(model: nn.Module, checkpoint_dir: Path) -> None:
+    """Copy a `save_trainable_checkpoint` folder's parameters into `model`, refusing names it does not have."""
+    path = Path(checkpoint_dir) / TRAINABLE_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: {checkpoint_dir} is not a fine-tuning checkpoint")
+    device = str(next(model.parameters()).device)
+    missing, unexpected = load_model(model, str(path), strict=False, device=device)
+    trained = set(trainable_state(model))
+    if unexpected or trained & set(missing):
+        raise ValueError(f"cannot resume from {checkpoint_dir}: its {TRAINABLE_FILE} does not match this model "
+                         f"(missing {sorted(trained & set(missing))[:8]}, unexpected {unexpected[:8]}); resume with "
+                         "the settings that wrote it")  # fmt: skip
+
+
+def previous_checkpoint(out_dir: Path, resume: bool, overwrite: bool, dist: Distributed) -> Path | None:
+    """The checkpoint a run continues from (None for a fresh run): --resume needs one; without --resume a folder
+    holding checkpoints is refused unless --overwrite (which deletes them). A folder without a checkpoint (a run
+    killed before its first one) is started over in place."""
+    latest = latest_checkpoint(out_dir)
+    if resume:
+        if latest is None:
+            raise FileNotFoundError(f"--resume: no checkpoint in {out_dir / CHECKPOINTS_DIR}; start without --resume")
+        return latest
+    if latest is not None:
+        if not overwrite:
+            raise FileExistsError(
+                f"{out_dir} already holds a run (latest checkpoint {latest.name}); pass --resume "
+                "to continue it, --overwrite to start again from scratch, or another out_dir"
+            )
+        if dist.is_main:
+            shutil.rmtree(out_dir / CHECKPOINTS_DIR)
+        barrier(dist)
+    return None
 
 
 def load_train_state(checkpoint_dir: Path) -> dict[str, Any]:

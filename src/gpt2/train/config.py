@@ -13,6 +13,7 @@ import os
 import sys
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -33,6 +34,8 @@ OptimizerImpl = Literal["auto", "fused", "foreach", "for-loop"]
 OptimizerName = Literal["adamw", "muon"]
 LRSchedule = Literal["cosine", "wsd"]
 NSDtype = Literal["auto", "float32", "bfloat16"]
+
+TRACKERS = ("tensorboard", "wandb")
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,10 @@ class TrainConfig:
     keep_checkpoints: int = 2
     """How many of the most recent checkpoints to keep."""
     out_dir: str = "out/stdlib"
+    log_to: tuple[str, ...] = ()
+    """Experiment trackers that receive what metrics.jsonl gets (losses, LR, grad norm, tokens/s, MFU,
+    evaluations) plus the config and the sample: any of 'tensorboard' (event files in OUT/tensorboard), 'wandb'
+    (offline run in OUT/wandb, no account needed). Each needs its extra: pip install 'gpt2-faithful[NAME]'."""
 
     # --- sample printed at the end
     sample_prompt: str = "def "
@@ -223,6 +230,10 @@ class TrainConfig:
             )
         if not self.out_dir:
             raise ValueError("out_dir must not be empty; pass out_dir=DIR")
+        object.__setattr__(self, "log_to", tuple(self.log_to))  # a TOML / JSON list reads as a list
+        for tracker in self.log_to:
+            if tracker not in TRACKERS:
+                raise ValueError(f"log_to: unknown tracker {tracker!r}; choose from {', '.join(TRACKERS)}")
         self.model_config(vocab_size=257)  # the model overrides must make a valid GPTConfig (n_embd % n_head, ...)
 
     # ---------------------------------------------------------------------------------- construction
@@ -293,10 +304,13 @@ class TrainConfig:
 
 def _check_type(name: str, value: Any, hint: Any) -> None:
     """A ValueError unless `value` fits the field's annotation (int, float, str, bool, Literal, X | None)."""
-    allowed = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    allowed = _options(hint)
     for option in allowed:
         if option is type(None) and value is None:
             return
+        if typing.get_origin(option) is tuple and isinstance(value, tuple | list):
+            if all(isinstance(item, typing.get_args(option)[0]) for item in value):
+                return
         if typing.get_origin(option) is Literal and isinstance(value, str):
             return  # the member check comes later with a message listing the choices
         if option is bool and isinstance(value, bool):
@@ -308,9 +322,10 @@ def _check_type(name: str, value: Any, hint: Any) -> None:
         if option is str and isinstance(value, str):
             return
     expected = " or ".join(
-        "none" if option is type(None) else "str" if typing.get_origin(option) is Literal else option.__name__
+        "none" if option is type(None) else "str" if typing.get_origin(option) is Literal
+        else "a list of str" if typing.get_origin(option) is tuple else option.__name__
         for option in allowed
-    )
+    )  # fmt: skip
     raise ValueError(f"{name} must be {expected}, got {value!r} ({type(value).__name__})")
 
 
@@ -321,6 +336,8 @@ def _check_preset(name: Any) -> str:
 
 
 def _toml_value(value: Any) -> str:
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
@@ -329,29 +346,87 @@ def _toml_value(value: Any) -> str:
 
 
 def parse_override(assignment: str) -> tuple[str, Any]:
-    """'key=value' -> (key, value), the value read as a TOML value ('12', '3e-4', 'true', '"x"') and as a
-    plain string when it is not one ('cpu', 'out/run1').
-
-    >>> parse_override("max_steps=200"), parse_override("device=cpu")
-    (('max_steps', 200), ('device', 'cpu'))
-    """
+    """'key=value' -> (key, raw value text); the key's dashes read as underscores. See `parse_overrides` for
+    reading the value as the type of a config field."""
     key, sep, raw = assignment.partition("=")
     key = key.strip().replace("-", "_")
     if not sep or not key:
         raise ValueError(f"override {assignment!r} is not KEY=VALUE (e.g. --set max_steps=200)")
-    raw = raw.strip()
-    if raw.lower() in ("none", "null"):
-        return key, None
+    return key, raw.strip()
+
+
+def parse_value(name: str, raw: str, hint: Any) -> Any:
+    """The text of a `--set` value read as the type of a config field annotated `hint`: a TOML value ('12',
+    '3e-4', 'true', '"x"', '["a", "b"]'), else the plain text ('cpu', 'out/run1'); 'none' / 'null' for an
+    optional field; a bool also as yes/no/1/0; a tuple field also as comma-separated words. ValueError (naming
+    the field and the type it wants) when the value does not fit.
+
+    >>> parse_value("max_steps", "200", int), parse_value("device", "cpu", str), parse_value("seed", "7", int | None)
+    (200, 'cpu', 7)
+    """
+    options = _options(hint)
+    lowered = raw.strip().lower()
+    if lowered in ("none", "null") and type(None) in options:
+        return None
+    if bool in options and lowered in _BOOL_WORDS:
+        return _BOOL_WORDS[lowered]
     try:
-        return key, tomllib.loads(f"value = {raw}")["value"]
+        value: Any = tomllib.loads(f"value = {raw}")["value"]
     except tomllib.TOMLDecodeError:
-        return key, raw
+        value = raw.strip()
+    if isinstance(value, list):
+        value = tuple(value)
+    if not _fits(value, hint):
+        if _fits(raw.strip(), hint):
+            value = raw.strip()  # e.g. sample_prompt=123: a str field keeps the text as written
+        elif any(typing.get_origin(option) is tuple for option in options) and isinstance(value, str):
+            value = tuple(word.strip() for word in value.split(",") if word.strip())
+    _check_type(name, value, hint)
+    return value
+
+
+def parse_overrides(cls: type, assignments: Sequence[str], what: str = "config") -> dict[str, Any]:
+    """`--set KEY=VALUE` assignments -> {field: value} for the dataclass `cls`, each value read as its field's
+    type (`parse_value`). A dataclass-typed field takes dotted keys (`train.max_steps=5` -> {"train":
+    {"max_steps": 5}}). An unknown key is a ValueError listing the valid ones (`what` names the config)."""
+    fields = {field.name: field for field in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    unknown = []
+    for assignment in assignments:
+        key, raw = parse_override(assignment)
+        head, dot, rest = key.partition(".")
+        if head not in fields:
+            unknown.append(key)
+        elif dot and dataclasses.is_dataclass(hints[head]):
+            nested = parse_overrides(hints[head], [f"{rest}={raw}"], what)
+            values.setdefault(head, {}).update(nested)
+        else:
+            values[key] = parse_value(key, raw, hints[key])
+    if unknown:
+        raise ValueError(f"unknown {what} key(s) {unknown}; valid keys: {', '.join(fields)}")
+    return values
+
+
+_BOOL_WORDS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+
+
+def _options(hint: Any) -> tuple[Any, ...]:
+    return typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    try:
+        _check_type("", value, hint)
+    except ValueError:
+        return False
+    return True
 
 
 def load_config(source: str | os.PathLike[str] | None = None, overrides: list[str] | None = None) -> TrainConfig:
     """The config of a preset name or a TOML file path (default: the "stdlib" preset), with 'key=value'
     overrides applied."""
-    values = dict(parse_override(item) for item in overrides or [])
+    values = parse_overrides(TrainConfig, overrides or [], what="training config")
     if source is None:
         source = "stdlib"
     if str(source) in PRESETS:

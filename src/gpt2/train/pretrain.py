@@ -18,7 +18,6 @@ Output directory layout (OUT = config.out_dir):
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,10 +32,11 @@ from gpt2.inference import generate
 from gpt2.model import GPT
 from gpt2.runtime.device import resolve_device
 from gpt2.tokenizer import TextTokenizer
-from gpt2.train.checkpoint import CHECKPOINTS_DIR, latest_checkpoint
+from gpt2.train.checkpoint import previous_checkpoint
 from gpt2.train.config import TrainConfig
 from gpt2.train.distributed import Distributed, barrier, distributed_from_env, full_model, process_group, shard
 from gpt2.train.optimizer import configure_optimizer
+from gpt2.train.tracking import Tracking, require_trackers
 from gpt2.train.trainer import Evaluation, Trainer, TrainResult, accumulation_steps
 
 DATA_DIR = "data"
@@ -63,10 +63,11 @@ def train(
     """
     dist = distributed_from_env()
     device = resolve_device(config.device, dist.local_rank)
+    require_trackers(config.log_to)  # a missing extra is refused before anything is written
     with process_group(dist, device):
         say = log if (log is not None and dist.is_main) else (lambda message: None)
         out_dir = Path(config.out_dir)
-        checkpoint = _previous_run(out_dir, resume, overwrite, dist)
+        checkpoint = previous_checkpoint(out_dir, resume, overwrite, dist)
 
         # data: rank 0 tokenizes (once per out_dir), the others wait and then read the same folder
         pretrained = None
@@ -99,13 +100,15 @@ def train(
         model.activation_checkpointing = config.activation_checkpointing
         if dist.enabled and config.parallel == "fsdp":
             shard(model)
+        tracking = Tracking(config, enabled=dist.is_main)
         trainer = Trainer(
             model, configure_optimizer(model, config, device), config,
             BatchLoader(train_tokens, B, T, rank=dist.rank, world_size=dist.world_size, seed=config.seed),
             val_batches=lambda: BatchLoader(val_tokens, B, T, rank=dist.rank, world_size=dist.world_size,
                                             seed=config.seed + EVAL_SEED_OFFSET),
             tokenizer=tokenizer, device=device, dist=dist, grad_accum_steps=grad_accum, end_step=stop_at_step,
-            evaluations=[hellaswag_evaluation(config, tokenizer, say)] if config.hellaswag_file else [], log=say,
+            evaluations=[hellaswag_evaluation(config, tokenizer, say)] if config.hellaswag_file else [],
+            callbacks=[tracking], log=say,
         )  # fmt: skip
         if checkpoint is not None:
             trainer.resume(checkpoint)
@@ -121,11 +124,13 @@ def train(
             f"{B * T * grad_accum * dist.world_size:,} tokens per step (batch {B} x {T} x accum {grad_accum} x "
             f"{dist.world_size})" + (f"; resuming from {checkpoint}" if checkpoint is not None else "")
         )
-        result = trainer.fit(progress=progress)
-        if config.sample_tokens and not result.interrupted:
-            sample_model = full_model(model) if trainer.sharded else model  # under FSDP every rank joins the gather
-            if dist.is_main:
-                result.sample = sample_text(sample_model, tokenizer, config)
+        with tracking:
+            result = trainer.fit(progress=progress)
+            if config.sample_tokens and not result.interrupted:
+                sample_model = full_model(model) if trainer.sharded else model  # under FSDP every rank gathers
+                if dist.is_main:
+                    result.sample = sample_text(sample_model, tokenizer, config)
+                    tracking.text("sample", result.sample)
         return result
 
 
@@ -150,25 +155,6 @@ def hellaswag_evaluation(config: TrainConfig, tokenizer: TextTokenizer, say: Cal
         return {"hellaswag_acc": result["acc"], "hellaswag_acc_norm": result["acc_norm"]}
 
     return evaluate
-
-
-def _previous_run(out_dir: Path, resume: bool, overwrite: bool, dist: Distributed) -> Path | None:
-    """The checkpoint to resume from (None for a fresh run); refuses to start over a run unless told to."""
-    latest = latest_checkpoint(out_dir)
-    if resume:
-        if latest is None:
-            raise FileNotFoundError(f"--resume: no checkpoint in {out_dir / CHECKPOINTS_DIR}; start without --resume")
-        return latest
-    if latest is not None:
-        if not overwrite:
-            raise FileExistsError(
-                f"{out_dir} already holds a run (latest checkpoint {latest.name}); pass --resume "
-                "to continue it, --overwrite to start again from scratch, or another out_dir"
-            )
-        if dist.is_main:
-            shutil.rmtree(out_dir / CHECKPOINTS_DIR)
-        barrier(dist)
-    return None
 
 
 def _tokenizer_source(init_from: str) -> str:

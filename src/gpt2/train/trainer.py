@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import Any, Literal, Protocol, cast, runtime_checkable
 
 import numpy as np
 import torch
@@ -39,8 +39,10 @@ from gpt2.train.checkpoint import (
     TRAIN_STATE_VERSION,
     load_checkpoint_weights,
     load_train_state,
+    load_trainable,
     rng_state,
     save_checkpoint,
+    save_trainable_checkpoint,
     set_rng_state,
 )
 from gpt2.train.config import TrainConfig
@@ -79,6 +81,29 @@ class BatchSource(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class TrainerCallback:
+    """Hooks `Trainer.fit` calls, for what a variant adds around the loop (fine-tuning's best weights and early
+    stop, experiment trackers) without a copy of the loop. Every method is optional; `state_dict` must hold
+    only plain values: it goes into each checkpoint and comes back through `load_state_dict` on resume."""
+
+    def on_metrics(self, trainer: Trainer, record: dict[str, Any]) -> None:
+        """A line just written to metrics.jsonl (a step's figures, a val loss, an evaluation's figures)."""
+
+    def on_evaluate(self, trainer: Trainer, val_loss: float | None, figures: dict[str, Any]) -> None:
+        """An evaluation at trainer.step finished: its val loss (None without val batches) and the figures
+        of the Trainer's `evaluations`."""
+
+    def should_stop(self, trainer: Trainer) -> bool:
+        """Asked after each step's evaluation: True saves a checkpoint and ends fit (stopped_early=True)."""
+        return False
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a `state_dict`."""
 
 
 def next_token_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -144,6 +169,8 @@ class TrainResult:
     out_dir: Path
     checkpoint: Path | None
     interrupted: bool = False
+    stopped_early: bool = False
+    """A callback's should_stop ended the run before end_step."""
     sample: str | None = None
     tokens_per_second: float = 0.0
     seconds: float = 0.0
@@ -158,7 +185,10 @@ class Trainer:
     device, dtype, dist: default to the model's device, config.dtype resolved for it, and torchrun's
     environment. grad_accum_steps: default from config (`accumulation_steps`). end_step: stop (and save) after
     this step although the LR schedule runs to config.max_steps. evaluations: more figures measured at every
-    evaluation. log: receives status lines (rank 0 only). Files go into config.out_dir (rank 0 only).
+    evaluation. callbacks: hooks around the loop (`TrainerCallback`). checkpoint_weights: "model" saves the
+    whole GPT (HF layout) and refreshes the model in OUT; "trainable" only the parameters that train (fine-tuning:
+    its frozen weights come from the pretrained model). log: receives status lines (rank 0 only). Files go into
+    config.out_dir (rank 0 only).
     """
 
     def __init__(
@@ -177,6 +207,8 @@ class Trainer:
         grad_accum_steps: int | None = None,
         end_step: int | None = None,
         evaluations: Sequence[Evaluation] = (),
+        callbacks: Sequence[TrainerCallback] = (),
+        checkpoint_weights: Literal["model", "trainable"] = "model",
         log: Callable[[str], None] | None = None,
     ) -> None:
         self.config = config
@@ -195,6 +227,8 @@ class Trainer:
         self.loss_fn = loss_fn
         self.tokenizer = tokenizer
         self.evaluations = list(evaluations)
+        self.callbacks = list(callbacks)
+        self.checkpoint_weights = checkpoint_weights
         self.log = log if (log is not None and self.dist.is_main) else None
         self.out_dir = Path(config.out_dir)
         self.metrics = Metrics(self.out_dir / METRICS_FILE, enabled=self.dist.is_main)
@@ -261,7 +295,7 @@ class Trainer:
         stats = StepStats(self.step, step_loss, lr, grad_norm, time.perf_counter() - started,
                           tokens * self.dist.world_size)  # fmt: skip
         if self.step % self.config.log_interval == 0 or self.step == self.end_step:
-            self.metrics.write(self._record(stats))
+            self.write_metrics(self._record(stats))
         return stats
 
     def _on_device(self, batch: Batch) -> Batch:
@@ -314,15 +348,31 @@ class Trainer:
         total /= self.config.eval_batches
         return float(mean_over_ranks(total, self.dist))
 
-    def _evaluate_and_log(self) -> float:
-        """The val loss and every extra evaluation, written to metrics.jsonl and logged."""
-        val_loss = self.last_val_loss = self.evaluate()
-        self.metrics.write({"step": self.step, "val_loss": val_loss})
-        train = f"train loss {self.last_loss:.4f}, " if self.step > 0 and self.last_loss is not None else ""
-        self._say(f"step {self.step}: {train}val loss {val_loss:.4f}")
+    def _evaluate_and_log(self) -> float | None:
+        """The val loss (None without val batches) and every extra evaluation, written to metrics.jsonl, logged
+        and handed to the callbacks."""
+        val_loss = None
+        if self.val_batches is not None:
+            val_loss = self.last_val_loss = self.evaluate()
+            self.write_metrics({"step": self.step, "val_loss": val_loss})
+            train = f"train loss {self.last_loss:.4f}, " if self.step > 0 and self.last_loss is not None else ""
+            self._say(f"step {self.step}: {train}val loss {val_loss:.4f}")
+        figures: dict[str, Any] = {}
         for evaluation in self.evaluations:
-            self.metrics.write({"step": self.step, **evaluation(self.model, self.step)})
+            result = evaluation(self.model, self.step)
+            figures.update(result)
+            self.write_metrics({"step": self.step, **result})
+        for callback in self.callbacks:
+            callback.on_evaluate(self, val_loss, figures)
         return val_loss
+
+    def write_metrics(self, record: dict[str, Any]) -> None:
+        """A line of metrics.jsonl, also handed to every callback (rank 0 only)."""
+        if not self.dist.is_main:
+            return
+        self.metrics.write(record)
+        for callback in self.callbacks:
+            callback.on_metrics(self, record)
 
     def _say(self, message: str) -> None:
         if self.log is not None:
@@ -342,6 +392,7 @@ class Trainer:
             "rng": rng_state(self.device),
             "loss": self.last_loss,
             "val_loss": self.last_val_loss,
+            "callbacks": [callback.state_dict() for callback in self.callbacks],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -354,15 +405,24 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         set_rng_state(state["rng"], self.device)
         self.step = int(state["step"])
+        for callback, callback_state in zip(self.callbacks, state.get("callbacks", []), strict=False):
+            callback.load_state_dict(callback_state)
 
     def save(self) -> Path | None:
         """Write checkpoint OUT/checkpoints/step_N (model, tokenizer, training state) and refresh the model in
         OUT. Every rank must call it (under FSDP the weights are gathered); rank 0 writes and returns the path."""
         state = self.state_dict()
+        config = self.config
+        if self.checkpoint_weights == "trainable":
+            if self.sharded:
+                raise ValueError("checkpoint_weights='trainable' is not supported under FSDP; use 'model'")
+            if self.dist.is_main:
+                self.checkpoint = save_trainable_checkpoint(self.out_dir, self.step, self.model, state, config,
+                                                            config.keep_checkpoints)  # fmt: skip
+            return self.checkpoint if self.dist.is_main else None
         weights = full_model(self._gpt()) if self.sharded else self._gpt()
         if not self.dist.is_main:
             return None
-        config = self.config
         self.checkpoint = save_checkpoint(self.out_dir, self.step, weights, self.tokenizer, state, config,
                                           config.keep_checkpoints)  # fmt: skip
         return self.checkpoint
@@ -371,7 +431,9 @@ class Trainer:
         """Continue exactly from `checkpoint` (a folder `save` wrote): weights, optimizer, data position, RNG;
         metrics.jsonl is cut back to its step."""
         state = load_train_state(checkpoint)
-        if self.sharded:
+        if self.checkpoint_weights == "trainable":
+            load_trainable(self.model, checkpoint)
+        elif self.sharded:
             weights = full_model(self._gpt())  # an unsharded copy to read the file into, then sharded again
             load_checkpoint_weights(weights, checkpoint)
             load_full_model_state(self.model, weights.state_dict())
@@ -394,7 +456,8 @@ class Trainer:
     def fit(self, progress: bool = False) -> TrainResult:
         """Train from `step` to `end_step`: evaluate before the first step of a fresh run and every
         config.eval_interval steps; save every config.checkpoint_interval steps and at the end; on Ctrl-C
-        finish the step, save and return (interrupted=True). progress: show a progress bar."""
+        finish the step, save and return (interrupted=True); when a callback's should_stop says so, save and
+        return (stopped_early=True). progress: show a progress bar."""
         from tqdm.auto import tqdm
 
         config = self.config
@@ -404,13 +467,13 @@ class Trainer:
         losses: list[float] = []
         val_losses: dict[int, float] = {}
         timed_tokens, timed_seconds = 0, 0.0
-        interrupted = False
+        interrupted = stopped_early = False
         started = time.perf_counter()
         bar = tqdm(total=config.max_steps, initial=start_step, unit="step", dynamic_ncols=True,
                    disable=not (progress and self.dist.is_main))  # fmt: skip
         with _StopFlag() as stop, bar:
             if config.eval_interval and self.step == 0:
-                val_losses[0] = self._evaluate_and_log()
+                self._keep(val_losses, self._evaluate_and_log())
             while self.step < self.end_step:
                 stats = self.train_step()
                 losses.append(stats.loss)
@@ -420,23 +483,32 @@ class Trainer:
                 bar.set_postfix_str(self._postfix(stats), refresh=False)
                 bar.update(1)
                 if config.eval_interval and (self.step % config.eval_interval == 0 or self.step == config.max_steps):
-                    val_losses[self.step] = self._evaluate_and_log()
+                    self._keep(val_losses, self._evaluate_and_log())
                     self.metrics.plot(self.out_dir / PLOT_FILE)
                 stop_now = any_rank(stop.requested, self.device, self.dist)
+                if self.callbacks:
+                    stopped_early = any_rank(any(c.should_stop(self) for c in self.callbacks), self.device, self.dist)
                 interval = config.checkpoint_interval
-                if (interval and self.step % interval == 0) or self.step == self.end_step or stop_now:
+                if (interval and self.step % interval == 0) or self.step == self.end_step or stop_now or stopped_early:
                     self.save()
                 if stop_now:
                     interrupted = True
                     self._say(f"interrupted: checkpoint at step {self.step} saved in {self.checkpoint}; "
                               "continue with --resume")  # fmt: skip
                     break
+                if stopped_early:
+                    break
         self.metrics.plot(self.out_dir / PLOT_FILE)
         return TrainResult(
             start_step=start_step, step=self.step, losses=losses, val_losses=val_losses, out_dir=self.out_dir,
-            checkpoint=self.checkpoint, interrupted=interrupted, seconds=time.perf_counter() - started,
+            checkpoint=self.checkpoint, interrupted=interrupted, stopped_early=stopped_early,
+            seconds=time.perf_counter() - started,
             tokens_per_second=timed_tokens / timed_seconds if timed_seconds else 0.0,
         )  # fmt: skip
+
+    def _keep(self, val_losses: dict[int, float], val_loss: float | None) -> None:
+        if val_loss is not None:
+            val_losses[self.step] = val_loss
 
     def _postfix(self, stats: StepStats) -> str:
         text = f"loss {stats.loss:.4f} lr {stats.lr:.2e} {stats.tokens_per_second:,.0f} tok/s"
