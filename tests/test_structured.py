@@ -111,3 +111,33 @@ def test_invalid_grammars_are_one_line_value_errors(fields: dict, reason: str) -
     with pytest.raises(ValueError, match=reason) as caught:
         SamplingParams(**fields)
     assert "\n" not in str(caught.value)
+
+
+# ------------------------------------------------------------------------------------ the server
+def test_the_openai_clients_response_format_works_against_gpt2_serve(llm: LLM) -> None:
+    openai = pytest.importorskip("openai")
+    httpx = pytest.importorskip("httpx")
+    from test_serve import MODEL, running
+
+    seeded = SamplingParams(max_tokens=120, seed=1, json_schema=SCHEMA)
+    expected = llm.generate("The user:", seeded)[0]  # before the server's engine thread takes the model
+    with running(llm) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        schema_format = {"type": "json_schema", "json_schema": {"name": "user", "schema": SCHEMA, "strict": True}}
+        for seed in range(3):
+            chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Who?"}],
+                                                  max_tokens=120, seed=seed, response_format=schema_format)  # fmt: skip
+            jsonschema.validate(json.loads(chat.choices[0].message.content), SCHEMA)
+        streamed = client.completions.create(model=MODEL, prompt="{", max_tokens=80, seed=3, stream=True,
+                                             extra_body={"response_format": {"type": "json_object"}})  # fmt: skip
+        chunks = [chunk.choices[0] for chunk in streamed if chunk.choices]
+        text, finish = "".join(chunk.text for chunk in chunks), chunks[-1].finish_reason
+        assert isinstance(json.loads(text), dict) if finish == "stop" else text.startswith("{")  # or cut by max_tokens
+        served = client.completions.create(model=MODEL, prompt="The user:", max_tokens=120, seed=1,
+                                           extra_body={"response_format": schema_format})  # fmt: skip
+        assert served.choices[0].text == expected  # the server draws what LLM.generate draws
+        invalid = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}}
+        refused = httpx.post(f"{url}/v1/chat/completions", json={"model": MODEL, "response_format": invalid,
+                             "messages": [{"role": "user", "content": "x"}]}, timeout=60)  # fmt: skip
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "response_format"
+        assert "json_schema" in refused.json()["error"]["message"]

@@ -2,7 +2,7 @@
 regex) does not allow next, so the continuation is always a valid prefix of the language and can only end
 (end-of-text) where the grammar accepts.
 
-The grammar engine is xgrammar (`pip install 'gpt2[structured]'`). Why it: among the three well-kept libraries
+The grammar engine is xgrammar (`pip install 'gpt2-faithful[structured]'`). Why it: among the three well-kept libraries
 (xgrammar, llguidance, outlines-core) it installs from PyPI on a plain CPU machine and reads a vocabulary given
 as raw token bytes (`VocabType.RAW`), which is exactly GPT-2's byte-level BPE (`decode_bytes([id])`), with no
 transformers tokenizer object; and its per-token mask is precomputed per grammar state (adaptive token mask
@@ -25,7 +25,7 @@ import torch
 
 from gpt2.tokenizer.protocol import TextTokenizer
 
-INSTALL_HINT = "structured output needs xgrammar: pip install 'gpt2[structured]'"
+INSTALL_HINT = "structured output needs xgrammar: pip install 'gpt2-faithful[structured]'"
 JSON_OBJECT: dict[str, Any] = {"type": "object"}
 """The schema of OpenAI's response_format {"type": "json_object"}: any JSON object."""
 

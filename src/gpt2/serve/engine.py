@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from gpt2.inference.processors import apply_processors, build_processors, with_end_of_text
+from gpt2.inference.processors import LogitsProcessor, apply_processors, build_processors, with_end_of_text
 from gpt2.inference.sampling import SamplingParams, sample_next_token
+from gpt2.inference.structured import GrammarCompiler, structured_processor
 from gpt2.inference.text import TextAssembler
 from gpt2.model import GPT
 from gpt2.serve.batch import DecodeBatch
@@ -148,6 +149,7 @@ class _Sequence:
         device: torch.device,
         tokenizer: TextTokenizer,
         vocab_size: int,
+        grammar: LogitsProcessor | None = None,
     ) -> None:
         self.index = index
         self.request = request
@@ -163,6 +165,8 @@ class _Sequence:
         # The rules the offline decoder applies too (a ValueError here, e.g. a bias on an id past the vocabulary,
         # refuses the request); `tokens` is what they see: the prompt, then every token drawn.
         self.processors = build_processors(params, prompt_length=len(request.prompt), vocab_size=vocab_size)
+        if grammar is not None:  # after the rules, as the offline decoder runs it
+            self.processors.append(grammar)
         self.tokens = list(request.prompt) if self.processors else []
         self.generator = torch.Generator(device=device)
         if params.seed is not None:
@@ -208,6 +212,7 @@ class Engine:
         self._waiting: collections.deque[_Sequence] = collections.deque()
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._grammars: GrammarCompiler | None = None  # structured output's compiler, built on first use
         self._closing = False  # no new work; finish what is there
         self._aborting = False  # end everything now
 
@@ -254,7 +259,10 @@ class Engine:
                 raise ValueError("num_beams > 1 is beam search, which this server does not run; use LLM.generate")
             room = self.block_size - len(request.prompt)  # prompt + completion fit the context
             max_new = min(request.params.max_tokens, room)
-            sequences.append(_Sequence(index, request, sink, max_new, self.device, self.tokenizer, self.vocab_size))
+            grammar = self._grammar(request.params)
+            sequences.append(
+                _Sequence(index, request, sink, max_new, self.device, self.tokenizer, self.vocab_size, grammar)
+            )
         with self._lock:
             if self._closing:
                 raise EngineStopped(SHUTTING_DOWN)
@@ -281,6 +289,17 @@ class Engine:
                 self._aborting = True
                 self._lock.notify()
             thread.join()
+
+    def _grammar(self, params: SamplingParams) -> LogitsProcessor | None:
+        """The grammar mask of a structured request (regex / json_schema), compiled with the engine's one
+        compiler (built on first use: it holds the vocabulary's tables and caches compiled grammars)."""
+        if params.regex is None and params.json_schema is None:
+            return None
+        with self._lock:
+            if self._grammars is None:
+                self._grammars = GrammarCompiler(self.tokenizer, self.vocab_size)
+            compiler = self._grammars
+        return structured_processor(params, self.tokenizer, compiler=compiler)
 
     # ------------------------------------------------------------------------------------ checks
     def check_prompt(self, prompt: Sequence[int]) -> None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpt2.inference.sampling import SamplingParams
+from gpt2.inference.structured import JSON_OBJECT
 from gpt2.serve.chat import ChatMessage, parse_messages
 from gpt2.serve.engine import MAX_TOP_LOGPROBS, EngineError, SequenceOutput, TokenLogprob
 from gpt2.tokenizer.protocol import TextTokenizer
@@ -119,7 +120,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
     max_tokens (or max_completion_tokens) defaults to the rest of the context. logprobs is a boolean here,
     top_logprobs the number of alternatives."""
     body = _object(body)
-    for unsupported in ("tools", "functions", "tool_choice", "response_format"):
+    for unsupported in ("tools", "functions", "tool_choice"):
         if _get(body, unsupported) is not None:
             raise bad_request(f"{unsupported} is not supported by this model", unsupported)
     logprobs = _bool(body, "logprobs")
@@ -189,7 +190,38 @@ def _generation_fields(body: dict[str, Any], *, default_max_tokens: int | None) 
         )
     except ValueError as err:
         raise bad_request(str(err), field_named(str(err))) from err
+    schema = _response_schema(body)
+    if schema is not None:
+        try:
+            params = params.replace(json_schema=schema)
+        except ValueError as err:  # an invalid schema: the grammar library's reason
+            raise bad_request(str(err), "response_format") from err
     return dict(model=model, params=params, stream=stream, include_usage=include_usage)
+
+
+def _response_schema(body: dict[str, Any]) -> dict[str, Any] | None:
+    """OpenAI's response_format: {"type": "text"} (the default), {"type": "json_object"} (any JSON object) or
+    {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}} -> the JSON schema to follow, or None."""
+    response_format = _get(body, "response_format")
+    if response_format is None:
+        return None
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return dict(JSON_OBJECT)
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise bad_request(
+                'response_format json_schema needs {"json_schema": {"name": ..., "schema": {...}}}', "response_format"
+            )
+        return schema
+    raise bad_request(
+        f"response_format must have type text, json_object or json_schema, got {_describe(response_format)}",
+        "response_format",
+    )
 
 
 def _logit_bias(body: dict[str, Any]) -> dict[int, Any]:

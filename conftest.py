@@ -1,4 +1,6 @@
-"""Names the doctests of src/gpt2 may use, so that their examples run instead of being skipped.
+"""Names the doctests of src/gpt2 may use, so that their examples run instead of being skipped. (This file sits
+at the repository root, not in src/: a second `conftest` module collected later would shadow tests/conftest.py,
+whose helpers the tests import by that name.)
 
 - `gpt2_files`: a folder with OpenAI's GPT-2 `encoder.json` and `vocab.bpe` (the shared data; as in the tests,
   a doctest that needs it is skipped where it is missing, and fails under CI).
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-SHARED_DATA = Path(os.environ.get("GPT2_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+SHARED_DATA = Path(os.environ.get("GPT2_SHARED_DATA", Path(__file__).resolve().parents[1] / "shared" / "data"))
 
 
 @pytest.fixture(autouse=True)
