@@ -3,8 +3,14 @@
 This is what the CLI and the server use, and the short way in for Python users (litgpt's `api.LLM` is the
 pattern):
 
->>> llm = LLM.load("gpt2", precision="int8")                                   # doctest: +SKIP
->>> llm.generate("The meaning of life is", SamplingParams(max_tokens=20, seed=0))  # doctest: +SKIP
+>>> from gpt2 import GPT, GPTConfig, save_pretrained
+>>> from gpt2.tokenizer import load_tokenizer
+>>> _ = save_pretrained(GPT(GPTConfig.from_name("gpt2-tiny", vocab_size=50257)), tmp / "tiny")  # or a Hub name
+>>> _ = load_tokenizer(gpt2_files).save(tmp / "tiny")
+>>> llm = LLM.load(tmp / "tiny", precision="int8")  # e.g. LLM.load("gpt2", precision="int8")
+>>> texts = llm.generate("The meaning of life is", SamplingParams(max_tokens=20, seed=0))
+>>> texts == llm.generate("The meaning of life is", SamplingParams(max_tokens=20, seed=0))  # seeded: reproducible
+True
 """
 
 from __future__ import annotations

@@ -262,7 +262,15 @@ def speculative_stream(
     one-token forwards (the draft model's steps, steps with nothing drafted) in the native decoder where it can.
     stats: filled in with the counts of drafted and accepted tokens.
 
-    >>> list(speculative_stream(model, [1, 2, 3], 20, PromptLookup(), temperature=0))   # doctest: +SKIP
+    >>> from gpt2 import GPT, GPTConfig
+    >>> from gpt2.inference import stream
+    >>> from gpt2.inference.sampling import SamplingParams
+    >>> model = GPT(GPTConfig.from_name("gpt2-tiny", vocab_size=257)).eval()
+    >>> prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
+    >>> tokens = list(speculative_stream(model, prompt, 20, PromptLookup(), temperature=0))
+    >>> plain = [int(t[0]) for t in stream(model, torch.tensor([prompt]), SamplingParams(max_tokens=20, temperature=0))]
+    >>> tokens == plain  # greedy: exactly plain decoding's tokens
+    True
     """
     SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p or 1.0, seed=seed)
     if seed is not None and generator is not None:

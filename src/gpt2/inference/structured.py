@@ -157,7 +157,10 @@ def structured_processor(
     """The grammar mask `params.regex` or `params.json_schema` asks for, or None. Pass a `compiler` kept for
     `tokenizer` to skip rebuilding its vocabulary tables (~0.1-0.5 s for GPT-2's 50257 tokens) per call.
 
-    >>> mask = structured_processor(SamplingParams(regex="[0-9]{3}"), tokenizer)   # doctest: +SKIP
+    >>> from gpt2.inference.sampling import SamplingParams
+    >>> from gpt2.tokenizer import load_tokenizer
+    >>> type(structured_processor(SamplingParams(regex="[0-9]{3}"), load_tokenizer(gpt2_files))).__name__
+    'GrammarMask'
     """
     regex, json_schema = params.regex, params.json_schema
     if regex is None and json_schema is None:

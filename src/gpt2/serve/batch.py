@@ -39,9 +39,12 @@ COMPACT_FRACTION = 4
 class DecodeBatch:
     """Up to `max_rows` sequences decoding together over one KV cache (module docstring).
 
-    >>> batch = DecodeBatch(model, max_rows=4)                         # doctest: +SKIP
-    >>> first = batch.join([464, 3290]).argmax()    # (V,) logits after the prompt  # doctest: +SKIP
-    >>> logits = batch.step(first.view(1))          # (B, V): a token per row       # doctest: +SKIP
+    >>> from gpt2 import GPT, GPTConfig
+    >>> model = GPT(GPTConfig.from_name("gpt2-tiny", vocab_size=257)).eval()
+    >>> batch = DecodeBatch(model, max_rows=4)
+    >>> first = batch.join([72, 105]).argmax()  # (V,) logits after the prompt
+    >>> batch.step(first.view(1)).shape  # (B, V): a token per row
+    torch.Size([1, 257])
     """
 
     def __init__(self, model: GPT, max_rows: int) -> None:
