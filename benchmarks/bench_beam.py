@@ -20,6 +20,7 @@ import torch
 from gpt2.config import GPTConfig
 from gpt2.inference import prepare_for_inference
 from gpt2.inference.beam import beam_search
+from gpt2.inference.decoding import DecodeOptions
 from gpt2.inference.kernels import kernels_available
 from gpt2.inference.sampling import SamplingParams
 from gpt2.model import GPT
@@ -36,6 +37,7 @@ def main() -> None:
     parser.add_argument("--beams", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--native", choices=["auto", "off"], default="auto", help="off: the PyTorch decode step")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from transformers import GPT2LMHeadModel
@@ -47,9 +49,10 @@ def main() -> None:
         theirs = GPT2LMHeadModel.from_pretrained(directory).eval()
     idx = torch.randint(0, EOS, (1, args.prompt_tokens), generator=torch.Generator().manual_seed(SEED))
     params = SamplingParams(max_tokens=args.new_tokens, temperature=0, num_beams=args.beams, stop_token_ids=[EOS])
+    options = DecodeOptions(native=None if args.native == "auto" else False)
 
     def run_ours() -> torch.Tensor:
-        return beam_search(ours, idx, params).sequences
+        return beam_search(ours, idx, params, options=options).sequences
 
     def run_theirs() -> torch.Tensor:
         with torch.no_grad():
@@ -63,7 +66,8 @@ def main() -> None:
     same = torch.equal(outputs["ours fp32"], outputs["transformers fp32"])
     new_tokens = outputs["ours fp32"].size(1) - args.prompt_tokens
     print(f"threads={args.threads} beams={args.beams} prompt={args.prompt_tokens} new={new_tokens} "
-          f"native kernels={kernels_available()} same beams as transformers={same}")  # fmt: skip
+          f"native kernels={kernels_available()} native step={args.native} "
+          f"same beams as transformers={same}")  # fmt: skip
     rates: dict[str, list[float]] = {name: [] for name in variants}
     for repeat in range(args.repeats):
         for name, fn in variants.items():
