@@ -123,7 +123,7 @@ def exact_distribution(model: GPT, prompt: list[int], steps: int, sampler: Sampl
     ],
 )
 def test_sampled_output_is_distributed_as_the_target(drafter_kind: str, sampler: Sampler) -> None:
-    vocab, steps, samples = 5, 3, 6000
+    vocab, steps, samples = 5, 3, 3000
     model = random_gpt(vocab_size=vocab, block_size=16)
     draft = random_gpt(seed=SEED + 7, vocab_size=vocab, block_size=16, n_layer=1)
     prompt = [0, 1, 2, 0, 1]

@@ -12,6 +12,7 @@ import jsonschema
 import pytest
 import torch
 
+from conftest import shared_file
 from gpt2.api import LLM
 from gpt2.config import GPTConfig
 from gpt2.inference.sampling import SamplingParams
@@ -36,8 +37,6 @@ SCHEMA = {
 
 @pytest.fixture(scope="module")
 def tokenizer() -> TextTokenizer:
-    from conftest import shared_file
-
     return load_tokenizer(Path(shared_file("gpt2-bpe/encoder.json")).parent)
 
 
