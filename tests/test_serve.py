@@ -1047,3 +1047,36 @@ def test_the_playground_streams_a_completion_in_a_real_browser(base_url: str, re
         driver.save_screenshot(str(tmp_path / "playground.png"))
     finally:
         driver.quit()
+
+
+# ------------------------------------------------------------------------------------ metrics
+def scrape(url: str) -> dict[str, float]:
+    """GET /metrics read by prometheus-client's own parser: {sample name with labels: value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    response = httpx.get(f"{url}/metrics", timeout=WAIT_SECONDS)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    samples = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return samples
+
+
+def test_metrics_in_prometheus_format_move_as_requests_are_served(llm: LLM) -> None:
+    with running(llm, api_key="sesame") as url:  # /metrics is open, as /health is (Prometheus scrapes it)
+        before = scrape(url)
+        assert before["gpt2_requests_total"] == 0 and before["gpt2_num_requests_running"] == 0
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="sesame", max_retries=0)
+        client.completions.create(model=MODEL, prompt="Hello", max_tokens=7, temperature=0, n=2)
+        stream = client.completions.create(model=MODEL, prompt="Hi", max_tokens=5, temperature=0, stream=True)
+        streamed = [chunk for chunk in stream]
+        after = scrape(url)
+    assert streamed and after["gpt2_requests_total"] == 2
+    assert after["gpt2_prompt_tokens_total"] == 2 * len(b"Hello") + len(b"Hi")  # n=2: two sequences prefilled
+    assert after["gpt2_generation_tokens_total"] == 2 * 7 + 5
+    assert after["gpt2_request_finished_total{finish_reason=length}"] == 3
+    assert after["gpt2_time_to_first_token_seconds_count"] == 3 and after["gpt2_e2e_request_latency_seconds_count"] == 3
+    assert after["gpt2_time_per_output_token_seconds_count"] >= 2 * 6 + 4  # every token after each first one
+    assert after["gpt2_num_requests_running"] == after["gpt2_num_requests_waiting"] == 0

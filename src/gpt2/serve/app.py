@@ -20,6 +20,7 @@ import asyncio
 import hmac
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -42,6 +43,7 @@ from gpt2.serve.engine import (
     SequenceOutput,
     SequenceRequest,
 )
+from gpt2.serve.metrics import ServerMetrics
 from gpt2.serve.playground import PLAYGROUND_HTML
 from gpt2.serve.protocol import (
     APIError,
@@ -110,6 +112,11 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
     async def health() -> JSONResponse:
         return service.health()
 
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        body, content_type = service.metrics.render()
+        return Response(body, media_type=content_type)
+
     @app.get("/v1/models", dependencies=authorized)
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [service.model_card()]}
@@ -154,7 +161,9 @@ def engine_error(error: EngineError, *, retry_after: int | None = None) -> APIEr
 class _Submission:
     """A request's sequences in the engine, their outputs arriving on this event loop's queue."""
 
-    def __init__(self, engine: Engine, requests: Sequence[SequenceRequest], retry_after: int) -> None:
+    def __init__(
+        self, engine: Engine, requests: Sequence[SequenceRequest], retry_after: int, metrics: ServerMetrics
+    ) -> None:
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[SequenceOutput] = asyncio.Queue()
         try:
@@ -164,6 +173,10 @@ class _Submission:
         except ValueError as err:
             raise bad_request(str(err), field_named(str(err))) from err
         self._remaining = len(requests)
+        self._metrics = metrics
+        self._submitted = time.perf_counter()
+        self._last_token: dict[int, float] = {}  # sequence index -> when its latest token arrived
+        metrics.submitted(sum(len(request.prompt) for request in requests))
 
     def _deliver(self, output: SequenceOutput) -> None:  # called on the engine's thread
         self._loop.call_soon_threadsafe(self._queue.put_nowait, output)
@@ -172,6 +185,15 @@ class _Submission:
         """Every output of every sequence, as they come, until each sequence has ended."""
         while self._remaining:
             output = await self._queue.get()
+            arrived = time.perf_counter()
+            previous = self._last_token.get(output.index)
+            self._metrics.observe(
+                output,
+                since_submission=arrived - self._submitted,
+                since_previous=None if previous is None else arrived - previous,
+            )
+            if output.token_ids:
+                self._last_token[output.index] = arrived
             if output.final:
                 self._remaining -= 1
             yield output
@@ -212,6 +234,11 @@ class _Service:
         self.config = config
         self.created = now()
         self.logprobs = LogprobFormatter(llm.tokenizer)
+        self.metrics = ServerMetrics(engine)
+
+    def submit(self, requests: Sequence[SequenceRequest]) -> _Submission:
+        """Hand sequences to the engine (an APIError when it refuses them), counted in the metrics."""
+        return _Submission(self.engine, requests, self.config.retry_after_seconds, self.metrics)
 
     # ------------------------------------------------------------------------------------ plumbing
     def authorize(self, request: Request) -> None:
@@ -335,9 +362,7 @@ class _Service:
         prompts = await run_in_threadpool(lambda: [self.encode(prompt, "prompt") for prompt in parsed.prompts])
         n = parsed.params.n
         scoring = parsed.echo and parsed.logprobs is not None
-        submission = _Submission(
-            self.engine, self.sequences(parsed, prompts, prompt_logprobs=scoring), self.config.retry_after_seconds
-        )
+        submission = self.submit(self.sequences(parsed, prompts, prompt_logprobs=scoring))
         choices = [Choice(index, prompts[index // n]) for index in range(len(prompts) * n)]
         prompt_tokens = sum(len(prompt) for prompt in prompts)
         response_id, created = new_id("cmpl"), now()
@@ -426,7 +451,7 @@ class _Service:
         self.check_model(parsed.model)
         self.check_choices(parsed.params.n)
         prompt = await run_in_threadpool(self.encode_chat, parsed.messages)
-        submission = _Submission(self.engine, self.sequences(parsed, [prompt]), self.config.retry_after_seconds)
+        submission = self.submit(self.sequences(parsed, [prompt]))
         choices = [Choice(index, prompt) for index in range(parsed.params.n)]
         response_id, created = new_id("chatcmpl"), now()
         if parsed.stream:

@@ -1,0 +1,71 @@
+"""`GET /metrics`: the server's counters and latency histograms in Prometheus' text format, through
+prometheus-client, with the names vLLM exposes (prefixed `gpt2_`), so existing dashboards need only the prefix.
+
+One registry per app (never the process-wide default one): two servers in one process count apart.
+
+- requests accepted, sequences finished by reason, prompt and generated tokens (counters);
+- sequences running and waiting in the engine (gauges, read when scraped);
+- time to the first token, time per output token after it, and end-to-end latency (histograms), measured where
+  the server hands outputs to the client, so they include queueing and the engine's turns.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from gpt2.serve.engine import Engine, SequenceOutput
+
+# Seconds. First tokens wait for a prefill (and a queue); later tokens for one decode step of the batch.
+FIRST_TOKEN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
+REQUEST_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class ServerMetrics:
+    """The metrics of one app; `observe` is called for every output the server receives from the engine."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.registry = CollectorRegistry()
+        registry = self.registry
+        self.requests = Counter("gpt2_requests", "Requests accepted by the engine", registry=registry)
+        self.finished = Counter(
+            "gpt2_request_finished", "Sequences ended, by finish reason", ["finish_reason"], registry=registry
+        )
+        self.prompt_tokens = Counter("gpt2_prompt_tokens", "Prompt tokens prefilled", registry=registry)
+        self.generation_tokens = Counter("gpt2_generation_tokens", "Tokens generated", registry=registry)
+        running = Gauge("gpt2_num_requests_running", "Sequences decoding now", registry=registry)
+        running.set_function(lambda: engine.active)
+        waiting = Gauge("gpt2_num_requests_waiting", "Sequences queued for a row", registry=registry)
+        waiting.set_function(lambda: engine.waiting)
+        self.first_token = Histogram(
+            "gpt2_time_to_first_token_seconds", "From submission to a sequence's first token",
+            buckets=FIRST_TOKEN_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.per_token = Histogram(
+            "gpt2_time_per_output_token_seconds", "Between a sequence's tokens after the first",
+            buckets=TOKEN_BUCKETS, registry=registry,
+        )  # fmt: skip
+        self.latency = Histogram(
+            "gpt2_e2e_request_latency_seconds", "From submission to a sequence's end",
+            buckets=REQUEST_BUCKETS, registry=registry,
+        )  # fmt: skip
+
+    def submitted(self, prompt_tokens: int) -> None:
+        self.requests.inc()
+        self.prompt_tokens.inc(prompt_tokens)
+
+    def observe(self, output: SequenceOutput, *, since_submission: float, since_previous: float | None) -> None:
+        """One output of a sequence; `since_previous` is None until the sequence has produced a token."""
+        if output.token_ids:
+            if since_previous is None:
+                self.first_token.observe(since_submission)
+            else:
+                self.per_token.observe(since_previous / len(output.token_ids))
+        if output.final:
+            self.generation_tokens.inc(output.completion_tokens)
+            self.finished.labels(output.finish_reason or "error").inc()
+            self.latency.observe(since_submission)
+
+    def render(self) -> tuple[bytes, str]:
+        """The text exposition and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
