@@ -55,6 +55,7 @@ pytest.importorskip("uvicorn")
 MODEL = "tiny"
 BLOCK_SIZE = 128
 WAIT_SECONDS = 60  # an upper bound on waits for a server or an engine, never a timing claim
+STARTUP_SECONDS = 300  # ... and for a new `gpt2 serve` process, which imports torch and the server on a busy machine
 
 
 def tiny_gpt(vocab_size: int = ByteTokenizer.vocab_size, block_size: int = BLOCK_SIZE, seed: int = 0) -> GPT:
@@ -140,8 +141,8 @@ def post(url: str, body: Any, headers: dict[str, str] | None = None) -> Any:
     return httpx.post(f"{url}/v1/completions", content=json.dumps(body), headers=headers, timeout=WAIT_SECONDS)
 
 
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_SECONDS
+def wait_until(condition: Callable[[], bool], what: str, seconds: float = WAIT_SECONDS) -> None:
+    deadline = time.monotonic() + seconds
     while not condition():
         assert time.monotonic() < deadline, f"gave up waiting for {what}"
         time.sleep(0.01)
@@ -958,7 +959,7 @@ def test_sigterm_lets_the_stream_in_flight_finish_then_exits_0(tmp_path: Path) -
             except httpx.TransportError:
                 return False
 
-        wait_until(up, "the server to start")
+        wait_until(up, "the server to start", seconds=STARTUP_SECONDS)
         body = {"model": MODEL, "prompt": "long", "max_tokens": 1000, "temperature": 0, "stream": True}
         body["stream_options"] = {"include_usage": True}
         events = []
