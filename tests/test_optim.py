@@ -296,3 +296,24 @@ def test_frozen_block_matrices_leave_no_muon_group():
         p.requires_grad_(False)
     optimizer = configure_optimizer(model, config, CPU)
     assert not any(group["use_muon"] for group in optimizer.param_groups)
+
+
+def test_gpt2_finetune_trains_with_muon(tmp_path: Path) -> None:
+    import json
+
+    from gpt2.cli import main
+    from gpt2.tokenizer import ByteTokenizer
+    from gpt2.weights import save_pretrained
+
+    torch.manual_seed(0)
+    save_pretrained(GPT(GPTConfig(n_layer=2, n_head=2, n_embd=64, vocab_size=257, block_size=64)), tmp_path / "model")
+    ByteTokenizer().save(tmp_path / "model")
+    (tmp_path / "data.txt").write_text("a small text to fine-tune on, said twice. " * 100)
+    status = main(["finetune", "--model", str(tmp_path / "model"), "--data", str(tmp_path / "data.txt"),
+                   "--out", str(tmp_path / "out"), "--set", "optimizer=muon", "--set", "max_steps=6",
+                   "--set", "batch_size=4", "--set", "block_size=32"])  # fmt: skip
+    assert status == 0
+    (checkpoint,) = (tmp_path / "out" / "checkpoints").glob("step_*")
+    assert json.loads((checkpoint / "train_config.json").read_text())["optimizer"] == "muon"
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "out" / "metrics.jsonl").open() if '"loss"' in line]
+    assert losses and all(math.isfinite(loss) for loss in losses) and losses[-1] < losses[0]
