@@ -41,9 +41,8 @@ import torch
 import torch.nn.functional as F
 
 from gpt2.inference.decoder import NativeDecoder, native_decoder
-from gpt2.inference.generation import DEFAULT_SLIDE_FRACTION
+from gpt2.inference.generation import DEFAULT_SLIDE_FRACTION, text_pieces
 from gpt2.inference.sampling import SamplingParams, draw, filter_top_k, filter_top_p
-from gpt2.inference.text import TextAssembler
 from gpt2.tokenizer.protocol import TextTokenizer
 
 if TYPE_CHECKING:
@@ -386,15 +385,4 @@ def speculative_text(
         slide_by=slide_by,
         stats=stats,
     )
-    text = TextAssembler(tokenizer, params.stop)
-    for token_id in tokens:
-        if token_id in stop_ids:
-            break
-        piece, stopped = text.push(token_id)
-        if piece:
-            yield piece
-        if stopped:
-            return
-    rest = text.finish()
-    if rest:
-        yield rest
+    yield from text_pieces(tokenizer, tokens, stop_ids, params.stop)  # the same text layer as stream_text
