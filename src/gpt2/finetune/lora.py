@@ -20,9 +20,10 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 from gpt2.model import GPT
+from gpt2.runtime.files import atomic_write_bytes, atomic_write_text
 
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
@@ -137,8 +138,9 @@ def save_adapter(model: GPT, config: LoRAConfig, directory: str | os.PathLike[st
         "use_rslora": config.use_rslora, "inference_mode": True, "init_lora_weights": True,
         "modules_to_save": None,
     }  # fmt: skip
-    (out / ADAPTER_CONFIG_FILE).write_text(json.dumps(peft_config, indent=2) + "\n", encoding="utf-8")
-    save_file(lora_state_dict(model), str(out / ADAPTER_WEIGHTS_FILE), metadata={"format": "pt"})
+    # each file atomically: a crash never leaves half an adapter that PEFT would then fail to read
+    atomic_write_text(out / ADAPTER_CONFIG_FILE, json.dumps(peft_config, indent=2) + "\n")
+    atomic_write_bytes(out / ADAPTER_WEIGHTS_FILE, save(lora_state_dict(model), metadata={"format": "pt"}))
     return out
 
 
