@@ -8,8 +8,11 @@ Tasks:
 - stdlib: the README's main job (`stdlib` preset, optimizer=adamw as it shipped); target val 3.906 (where it ends).
 
 The figure is the training time to the target: the sum of the step times (metrics.jsonl dt_ms) up to the first
-evaluation at or below the target (evaluation time and data preparation left out, alike for every recipe). The
-data is tokenized once up front. Each variant is `name:key=value,key=value` (overrides of the preset).
+evaluation at or below the target (evaluation time and data preparation left out, alike for every recipe). On a
+machine shared with other work a burst of load lengthens some steps of one recipe and not another's, so each row
+also gives the median step time and the step at the target: their product is the time to the target at that
+machine's steady speed. The data is tokenized once up front. Each variant is `name:key=value,key=value`
+(overrides of the preset).
 
     flock /tmp/bench.lock python benchmarks/bench_time_to_loss.py --task shakespeare-char \\
         --variant nanogpt-adamw:optimizer=adamw,max_steps=2000 --variant muon:
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -51,6 +55,12 @@ def time_to_target(out_dir: Path, target: float) -> tuple[float | None, int | No
         elif "val_loss" in record and record["val_loss"] <= target:
             return seconds, record["step"]
     return None, None
+
+
+def median_step_ms(out_dir: Path) -> float:
+    """The median step time of a run (metrics.jsonl dt_ms), robust to bursts of load from other work."""
+    lines = (out_dir / "metrics.jsonl").read_text().splitlines()
+    return statistics.median(record["dt_ms"] for record in map(json.loads, lines) if "dt_ms" in record)
 
 
 def main() -> None:
@@ -88,6 +98,7 @@ def main() -> None:
                     "steps": result.step, "train_s": round(sum(json.loads(line).get("dt_ms", 0) for line in
                     (Path(config.out_dir) / "metrics.jsonl").read_text().splitlines()) / 1000, 1),
                     "ms_per_step": round(1000 * result.seconds / result.step, 1), "wall_s": round(wall, 1),
+                    "median_ms_per_step": round(median_step_ms(Path(config.out_dir)), 1),
                 }  # fmt: skip
                 rows.append(row)
                 print(json.dumps(row), flush=True)

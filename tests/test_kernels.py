@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+import gpt2.inference.kernels as kernels
 import gpt2.inference.layouts as layouts
 from gpt2.config import GPTConfig
 from gpt2.inference import Int4Linear, Int8Linear, SplitLinear, prepare_for_inference, stream
@@ -21,6 +23,8 @@ from gpt2.inference.kernels import (
     KIND,
     MANY_ROWS,
     SOURCE,
+    SWITCH_VARIABLE,
+    VECTOR_FLAGS,
     NativeLinear,
     kernels_available,
     native_linear,
@@ -28,6 +32,7 @@ from gpt2.inference.kernels import (
     pack_int8,
     unpack_int4,
     unpack_int8,
+    use_native_kernels,
 )
 from gpt2.inference.sampling import SamplingParams
 from gpt2.model import GPT, KVCache
@@ -45,13 +50,18 @@ PRECISIONS = ["float32", "bfloat16", "int8", "int4"]
 
 
 @pytest.fixture(scope="module", autouse=True)
-def native_kernels() -> None:
-    """These tests need the kernels built; under CI (which has a C++ compiler) not building them is a failure."""
+def native_kernels() -> Iterator[None]:
+    """These tests need the kernels built; under CI (which has a C++ compiler) not building them is a failure.
+    They use them on any CPU (GPT2_NATIVE_KERNELS=1): inference picks them by default only with AVX-512, and the
+    portable loops other CPUs run must be right too."""
     if not kernels_available():
         message = "the native CPU kernels did not build here (they need a C++ compiler; see the log line)"
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(message)
         pytest.skip(message)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(SWITCH_VARIABLE, "1")
+        yield
 
 
 def random_gpt(*, n_embd: int = 64, block_size: int = 64, vocab_size: int = 300) -> GPT:
@@ -290,11 +300,34 @@ def test_prepare_for_inference_uses_the_native_forms(precision: str, layer: type
     assert native_decoder(model) is not None
 
 
+@pytest.mark.parametrize(
+    ("variable", "flags", "expected"),
+    [
+        (None, set(VECTOR_FLAGS) | {"avx2"}, True),  # AVX-512: the vector paths, the fast path
+        (None, {"avx", "avx2", "fma"}, False),  # AVX2 only: the portable loops, slower than PyTorch's layouts
+        ("1", {"avx", "avx2", "fma"}, True),  # asked for on any CPU
+        ("0", set(VECTOR_FLAGS), False),  # switched off
+    ],
+)
+def test_inference_uses_the_kernels_by_default_only_on_cpus_with_their_vector_paths(
+    variable: str | None, flags: set[str], expected: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if variable is None:
+        monkeypatch.delenv(SWITCH_VARIABLE, raising=False)
+    else:
+        monkeypatch.setenv(SWITCH_VARIABLE, variable)
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset(flags))
+    assert use_native_kernels() is expected
+    model = prepare_for_inference(random_gpt(), "int8")
+    assert isinstance(model.transformer.h[0].mlp.c_fc, NativeLinear if expected else Int8Linear)
+    assert (native_decoder(model) is not None) is expected
+
+
 @pytest.mark.parametrize(("precision", "layer"), [("float32", SplitLinear), ("int8", Int8Linear), ("int4", Int4Linear)])
 def test_without_the_kernels_prepare_falls_back_to_the_pytorch_layouts(
     precision: str, layer: type, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(layouts, "kernels_available", lambda: False)
+    monkeypatch.setattr(layouts, "use_native_kernels", lambda: False)
     model = prepare_for_inference(random_gpt(), precision)
     assert type(model.transformer.h[0].mlp.c_fc) is layer
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 import torch.nn as nn
 
-from gpt2.inference.kernels import BLOCK, KIND, NativeLinear, kernels_available, native_ops
+from gpt2.inference.kernels import BLOCK, KIND, NativeLinear, native_ops, use_native_kernels
 
 if TYPE_CHECKING:
     from gpt2.model import GPT, Block, KVCache
@@ -80,7 +80,7 @@ def native_decoder(model: GPT, *, library: str = "gpt2") -> NativeDecoder | None
     another)."""
     config = model.config
     device = model.transformer.wte.weight.device
-    if device.type != "cpu" or model.training or config.n_embd % BLOCK or not kernels_available():
+    if device.type != "cpu" or model.training or config.n_embd % BLOCK or not use_native_kernels():
         return None
     if model.transformer.wte.weight.dtype not in (torch.float32, torch.bfloat16):
         return None

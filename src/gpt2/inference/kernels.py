@@ -11,6 +11,11 @@ machine: the build is cached under torch's extensions folder, keyed by the sourc
 CPU's features). Where that cannot happen (no C++ compiler, not x86/ARM Linux, `GPT2_NATIVE_KERNELS=0`), every
 caller falls back to the PyTorch layouts of gpt2.inference.layouts, which compute the same thing more slowly.
 
+Inference uses them by default only where they are faster (`use_native_kernels`): on x86 CPUs with AVX-512
+(F/BW/VL), for which the file has hand-vectorized paths. Elsewhere only the portable C++ loops run, and on an
+AVX2-only CPU they measured 2.2x (fp32) to 5.6x (int8) slower per decoded token than the PyTorch layouts
+(docs/benchmarks.md); `GPT2_NATIVE_KERNELS=1` uses them anyway (as the kernel tests do).
+
 Formats (what `NativeLinear` holds; the C++ file's header has the byte layout): bfloat16 as it is, and
 - int8: tiles of 16 output rows, one scale per row (symmetric, absmax / 127), as `Int8Linear`'s values;
 - int4: tiles of 16 output rows and groups of 32 inputs, codes 0..15 with a float16 scale and minimum per row and
@@ -34,10 +39,11 @@ import torch.nn.functional as F
 from gpt2.runtime.device import cpu_has_amx
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "cpu_decode.cpp"
-DISABLE_VARIABLE = "GPT2_NATIVE_KERNELS"  # set to 0 to use the PyTorch layouts only
+SWITCH_VARIABLE = "GPT2_NATIVE_KERNELS"  # 0: the PyTorch layouts only; 1: the kernels on any CPU
 BUILD_LOCK = "gpt2-build.flock"  # in the build folder: held (fcntl) by the one process building or loading
 TILE = 16  # output rows per tile of the packed formats
 BLOCK = 32  # inputs per activation-quantization block and per int4 group
+VECTOR_FLAGS = ("avx512f", "avx512bw", "avx512vl")  # the CPU flags the file's vector paths need (GPT2_AVX512)
 MANY_ROWS = 64  # rows from which NativeLinear multiplies by the dequantized weight (measured crossover)
 INT8_MAX = 127
 INT4_LEVELS = 15
@@ -50,7 +56,7 @@ log = logging.getLogger(__name__)
 def kernels_available() -> bool:
     """Build (once per machine) and load the native kernels; False, with one logged line saying why, where that
     is not possible. Cached for the process: the ops are registered process-wide by torch (`torch.ops.gpt2`)."""
-    if os.environ.get(DISABLE_VARIABLE, "1") == "0":
+    if os.environ.get(SWITCH_VARIABLE) == "0":
         return False
     if platform.system() != "Linux":
         log.warning("gpt2: native CPU kernels are built on Linux only; decoding uses PyTorch's kernels")
@@ -90,14 +96,29 @@ def _build_key() -> str:
     digest = hashlib.sha256(SOURCE.read_bytes())
     digest.update(torch.__version__.encode())
     digest.update(platform.machine().encode())
+    digest.update(" ".join(sorted(cpu_flags())).encode())
+    return digest.hexdigest()[:16]
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as /proc/cpuinfo lists them (x86 `flags`, ARM `Features`); empty elsewhere."""
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text()
-        digest.update(
-            next((line for line in cpuinfo.splitlines() if line.startswith(("flags", "Features"))), "").encode()
-        )
     except OSError:
-        pass
-    return digest.hexdigest()[:16]
+        return frozenset()
+    line = next((line for line in cpuinfo.splitlines() if line.startswith(("flags", "Features"))), "")
+    return frozenset(line.partition(":")[2].split())
+
+
+def use_native_kernels() -> bool:
+    """Whether inference should run on the native kernels: they are available and, unless GPT2_NATIVE_KERNELS=1
+    asks for them anyway, this CPU has the AVX-512 paths that make them faster than the PyTorch layouts (module
+    docstring). Read at each call, so that a test or a caller can switch it with the variable."""
+    switch = os.environ.get(SWITCH_VARIABLE)
+    if switch == "0" or (switch != "1" and not cpu_flags().issuperset(VECTOR_FLAGS)):
+        return False
+    return kernels_available()
 
 
 def native_linear(

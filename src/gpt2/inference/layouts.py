@@ -35,7 +35,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt2.inference.kernels import BLOCK, INT4_LEVELS, NativeLinear, kernels_available, quantize_int8_rows
+from gpt2.inference.kernels import BLOCK, INT4_LEVELS, NativeLinear, quantize_int8_rows, use_native_kernels
 
 INT8_LARGE_WEIGHT = 2**23  # elements: beyond this (the LM head), dequantizing costs more (Int8Linear)
 INT4_GROUP_SIZE = 32  # inputs sharing one scale and minimum, as in llama.cpp's q4_0 blocks
@@ -267,7 +267,7 @@ def prepare_for_inference(model: M, precision: str = "float32") -> M:
     if precision == "int4" and device.type != "cpu":
         raise ValueError(f"int4 is a CPU layout; on {device.type} use bfloat16 or int8")
     model.eval()
-    native = device.type == "cpu" and _all_linears_packable(model) and kernels_available()
+    native = device.type == "cpu" and _all_linears_packable(model) and use_native_kernels()
     if native and precision != "float32":
         pack_weights(model, precision)
     elif precision == "int8":
