@@ -5,8 +5,10 @@ other CPU; the PyTorch layouts (gpt2.inference.layouts) use PyTorch's own kernel
 kernels by default only where the CPU has AVX-512; this benchmark is the measurement behind that rule. GPT-2 124M
 shape with random weights, batch 1, greedy, `--threads` threads: decode tokens/s (the steps after the first new
 token) and prompt tokens/s (a 256-token prefill), for the model prepared as `gpt2 sample --dtype X` does with
-GPT2_NATIVE_KERNELS=1 (the kernels, whatever the CPU) and =0 (the PyTorch layouts), alternating in one process,
---repeats times each; the table takes each side's best.
+GPT2_NATIVE_KERNELS=1 (the kernels, whatever the CPU) and =0 (the PyTorch layouts, int8 / int4 activations in
+`layout_dtype()`: float32 unless the CPU multiplies bfloat16 fast), and for int8 / int4 also the PyTorch layouts
+with bfloat16 activations (their former default), alternating in one process, --repeats times each; the table
+takes each one's best.
 
     flock /tmp/bench.lock python benchmarks/bench_native_default.py --repeats 3
 """
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+import gpt2.inference.layouts as layouts
 from gpt2.config import GPTConfig
 from gpt2.inference import prepare_for_inference
 from gpt2.inference.kernels import SWITCH_VARIABLE, VECTOR_FLAGS, cpu_flags, kernels_available
@@ -30,7 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cpu_decode import ours_decode, ours_prefill, prompt_ids  # noqa: E402
 
 PRECISIONS = ["float32", "bfloat16", "int8", "int4"]
-PATHS = {"native kernels": "1", "PyTorch layouts": "0"}
+# name: (GPT2_NATIVE_KERNELS, the int8 / int4 layouts' activation dtype or None for layout_dtype()'s)
+PATHS: dict[str, tuple[str, torch.dtype | None]] = {
+    "kernels": ("1", None),
+    "layouts": ("0", None),
+    "layouts, bf16": ("0", torch.bfloat16),
+}
 
 
 def main() -> None:
@@ -50,20 +58,31 @@ def main() -> None:
     best: dict[tuple[str, str], tuple[float, float]] = {}
     for precision in args.precisions:
         for _ in range(args.repeats):
-            for path, switch in PATHS.items():  # alternating: a change of machine load hits both alike
+            for path, (switch, dtype) in PATHS.items():  # alternating: a change of machine load hits all alike
+                if dtype is not None and precision not in ("int8", "int4"):
+                    continue
                 os.environ[SWITCH_VARIABLE] = switch
-                model = prepare_for_inference(copy.deepcopy(base), precision)
+                model = copy.deepcopy(base)  # prepared in place
+                if dtype is None:
+                    prepare_for_inference(model, precision)
+                else:  # what prepare_for_inference did for the layouts before layout_dtype
+                    quantize = layouts.quantize_int8 if precision == "int8" else layouts.quantize_int4
+                    quantize(model, dtype=dtype)
                 decode = ours_decode(model, prompt_ids(32), args.new_tokens)
                 prefill = ours_prefill(model, prompt_ids(256))
                 old = best.get((precision, path), (0.0, 0.0))
                 best[precision, path] = (max(old[0], decode), max(old[1], prefill))
                 del model
-    print("| precision | decode tok/s, kernels | decode tok/s, PyTorch layouts | kernels / layouts "
-          "| prompt tok/s, kernels | prompt tok/s, layouts | kernels / layouts |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+    print(f"layouts' int8 / int4 activations here: {layouts.layout_dtype()}")
+    print("| precision | path | decode tok/s | vs layouts | prompt tok/s | vs layouts |")
+    print("|---|---|---|---|---|---|")
     for precision in args.precisions:
-        (nd, np_), (td, tp) = best[precision, "native kernels"], best[precision, "PyTorch layouts"]
-        print(f"| {precision} | {nd:.1f} | {td:.1f} | {nd / td:.2f}x | {np_:.0f} | {tp:.0f} | {np_ / tp:.2f}x |")
+        layout_decode, layout_prefill = best[precision, "layouts"]
+        for path in PATHS:
+            if (precision, path) in best:
+                decode, prefill = best[precision, path]
+                print(f"| {precision} | {path} | {decode:.1f} | {decode / layout_decode:.2f}x | {prefill:.0f} "
+                      f"| {prefill / layout_prefill:.2f}x |")  # fmt: skip
 
 
 if __name__ == "__main__":

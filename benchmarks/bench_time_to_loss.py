@@ -33,7 +33,7 @@ import torch
 
 from gpt2.data.cache import DataSpec, prepare_data
 from gpt2.train import train
-from gpt2.train.config import TrainConfig, parse_override
+from gpt2.train.config import TrainConfig, parse_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("GPT2_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -42,7 +42,7 @@ TARGETS = {"shakespeare-char": 1.8857, "stdlib": 3.906}
 
 def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
     name, _, settings = text.partition(":")
-    return name, dict(parse_override(item) for item in settings.split(",") if item)
+    return name, parse_overrides(TrainConfig, [item for item in settings.split(",") if item], "variant")
 
 
 def time_to_target(out_dir: Path, target: float) -> tuple[float | None, int | None]:
@@ -68,13 +68,14 @@ def main() -> None:
     parser.add_argument("--task", choices=list(TARGETS), default="shakespeare-char")
     parser.add_argument("--variant", action="append", type=parse_variant, help="name:key=value,... (repeatable)")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--target", type=float, help="val loss to reach (default: the task's, TARGETS)")
     parser.add_argument("--eval-interval", type=int, default=50, help="steps between val evaluations")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     variants = args.variant or [("nanogpt-adamw", {"optimizer": "adamw", "max_steps": 2000}), ("preset", {})]
-    target = TARGETS[args.task]
+    target = args.target or TARGETS[args.task]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         base = TrainConfig.from_name(args.task, device="cpu", dtype="float32", sample_tokens=0, checkpoint_interval=0)

@@ -324,12 +324,25 @@ def test_inference_uses_the_kernels_by_default_only_on_cpus_with_their_vector_pa
 
 
 @pytest.mark.parametrize(("precision", "layer"), [("float32", SplitLinear), ("int8", Int8Linear), ("int4", Int4Linear)])
+@pytest.mark.parametrize("fast_bfloat16", [True, False])
 def test_without_the_kernels_prepare_falls_back_to_the_pytorch_layouts(
-    precision: str, layer: type, monkeypatch: pytest.MonkeyPatch
+    precision: str, layer: type, fast_bfloat16: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """int8 / int4 activations are bfloat16 only where the CPU multiplies bfloat16 fast (emulated, it is slower
+    than float32); the logits stay those of the model's quantized weights either way."""
     monkeypatch.setattr(layouts, "use_native_kernels", lambda: False)
-    model = prepare_for_inference(random_gpt(), precision)
+    monkeypatch.setattr(layouts, "cpu_prefers_bf16", lambda: fast_bfloat16)
+    reference = random_gpt().eval()
+    model = prepare_for_inference(copy.deepcopy(reference), precision)
     assert type(model.transformer.h[0].mlp.c_fc) is layer
+    expected_dtype = torch.bfloat16 if fast_bfloat16 and precision != "float32" else torch.float32
+    assert model.transformer.wte.weight.dtype == expected_dtype
+    tokens = torch.randint(0, 300, (2, 9), generator=torch.Generator().manual_seed(SEED))
+    with torch.no_grad():
+        logits, want = model(tokens)[0].float(), reference(tokens)[0]
+    # quantized weights: near, not equal (4 bits of these std-0.1 random weights are coarse: logits std 0.8)
+    tolerance = {"float32": 1e-5, "int8": 0.1, "int4": 1.0}[precision]
+    torch.testing.assert_close(logits, want, atol=tolerance, rtol=0)
 
 
 def test_a_model_with_inputs_outside_blocks_of_32_keeps_the_pytorch_layouts() -> None:

@@ -15,11 +15,13 @@ falls back to these PyTorch layouts, which compute the same thing more slowly:
   out/parts) and multiplying with one batched matmul gives every core its own block to stream. Same arithmetic
   per output element, so the logits are unchanged.
 - `Int8Linear` (`quantize_int8(model)`): each weight as int8 with one scale per output row (symmetric, absmax /
-  127), activations in bfloat16 (what torch's CPU int8 kernel is fast with): a quarter of the bytes. Embeddings,
+  127): a quarter of the bytes. Activations in bfloat16 where the CPU multiplies bfloat16 fast (AMX, or AMD's
+  AVX512-BF16), float32 elsewhere (`layout_dtype`: on an AVX2-only CPU, bfloat16 is emulated and costs
+  several times float32 in prompt batches, docs/benchmarks.md). Embeddings,
   LayerNorms and biases stay as they are. The accuracy cost is measured in benchmarks/bench_generate.py.
 - `Int4Linear` (`quantize_int4(model)`, CPU only): each group of 32 weights along the input as 4-bit codes
   0..15 with its own scale and minimum (asymmetric), two codes a byte, in torch's CPU int4 kernel
-  (`aten._weight_int4pack_mm_for_cpu`), bfloat16 activations: 5 bits a weight with the scales, as llama.cpp's
+  (`aten._weight_int4pack_mm_for_cpu`), activations as for int8: 5 bits a weight with the scales, as llama.cpp's
   q4_0 takes 4.5.
 
 In all of them, the tied LM head gets its own copy in the new layout while `wte` keeps serving the embedding
@@ -36,6 +38,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gpt2.inference.kernels import BLOCK, INT4_LEVELS, NativeLinear, quantize_int8_rows, use_native_kernels
+from gpt2.runtime.device import cpu_prefers_bf16
 
 INT8_LARGE_WEIGHT = 2**23  # elements: beyond this (the LM head), dequantizing costs more (Int8Linear)
 INT4_GROUP_SIZE = 32  # inputs sharing one scale and minimum, as in llama.cpp's q4_0 blocks
@@ -179,11 +182,19 @@ class Int4Linear(nn.Module):
         return f"in_features={in_features}, out_features={out_features}, bias={bias}, int4 x {self.group_size}"
 
 
-def quantize_int4(model: nn.Module, *, group_size: int = INT4_GROUP_SIZE) -> nn.Module:
-    """Cast `model` to bfloat16 and replace every nn.Linear (LM head included) by an Int4Linear, in place. CPU
+def quantize_int4(
+    model: nn.Module, *, group_size: int = INT4_GROUP_SIZE, dtype: torch.dtype = torch.bfloat16
+) -> nn.Module:
+    """Cast `model` to `dtype` and replace every nn.Linear (LM head included) by an Int4Linear, in place. CPU
     only (the packed layout is the CPU kernel's); for inference only. Returns the model."""
-    model.to(torch.bfloat16)
-    return _replace_linears(model, lambda linear: Int4Linear.from_linear(linear, group_size=group_size))
+    model.to(dtype)
+    return _replace_linears(model, lambda linear: Int4Linear.from_linear(linear, group_size=group_size, dtype=dtype))
+
+
+def layout_dtype() -> torch.dtype:
+    """The activations' dtype of the int8 / int4 PyTorch layouts on this CPU: bfloat16 where its bfloat16
+    products are fast, else float32 (module docstring)."""
+    return torch.bfloat16 if cpu_prefers_bf16() else torch.float32
 
 
 class SplitLinear(nn.Module):
@@ -271,9 +282,9 @@ def prepare_for_inference(model: M, precision: str = "float32") -> M:
     if native and precision != "float32":
         pack_weights(model, precision)
     elif precision == "int8":
-        quantize_int8(model)
+        quantize_int8(model, dtype=layout_dtype())
     elif precision == "int4":
-        quantize_int4(model)
+        quantize_int4(model, dtype=layout_dtype())
     elif precision == "float32":
         if not native:
             optimize_for_inference(model)  # same logits; all cores stream the weights
