@@ -13,6 +13,12 @@ to the rounding of the batched reductions.
 
 - join: the prompt is prefilled alone (B=1) straight into its row's columns [L - P, L); when P > L, the rows
   already there first move right by P - L. join_many: several prompts in one left-padded prefill, likewise.
+- Prefix cache (optional, gpt2.serve.prefix_cache): before a prefill, each prompt's longest cached prefix of at
+  most P - 1 tokens (one token at least is prefilled, for the logits) is copied into the row's first columns, and
+  only the rest is fed, with that prefix as its past (positions go on from the prefix's length); afterwards the
+  prompt's full blocks are stored. In a join_many the rows feed equally many tokens (the most any row has left,
+  r): a row with fewer left recomputes some of its cached tokens (it reuses P_i - r of them). A join that wants
+  every position's logits (prompt scoring) uses no cached prefix, since it needs a prefill of every token.
 - step: one forward of the B pending tokens (B, 1), each with its row's mask and position (in the native decoder,
   gpt2.inference.decoder, where it can run the model).
 - Room: a step needs column L free. When L reaches block_size, or the padding every row shares grows past a
@@ -31,6 +37,7 @@ import torch
 
 from gpt2.inference.decoder import native_decoder
 from gpt2.model import GPT, KVCache
+from gpt2.serve.prefix_cache import CachedPrefix, PrefixCache
 
 # Move the rows left when the padding all of them share reaches this fraction of the width (see the docstring).
 COMPACT_FRACTION = 4
@@ -47,7 +54,7 @@ class DecodeBatch:
     torch.Size([1, 257])
     """
 
-    def __init__(self, model: GPT, max_rows: int) -> None:
+    def __init__(self, model: GPT, max_rows: int, *, prefix_cache: PrefixCache | None = None) -> None:
         if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
             raise ValueError(f"max_rows must be an integer >= 1, got {max_rows!r}")
         self.model = model
@@ -61,6 +68,7 @@ class DecodeBatch:
         self.size = 0  # B: active rows
         self.width = 0  # L: columns in use
         self.max_rows = max_rows
+        self.prefix_cache = prefix_cache  # None: every prompt is prefilled in full
 
     @property
     def lengths(self) -> list[int]:
@@ -75,14 +83,7 @@ class DecodeBatch:
         logits (P, V) (row t predicts token t + 1). The prompt must be ids of the model's vocabulary and leave
         room for a token: 1 <= P < block_size.
         """
-        P, row = len(prompt), self.size
-        L = self._seat([P])
-        # A cache over this row's own columns [L - P, block_size): the prefill writes there in place.
-        view = KVCache(self._k[:, row : row + 1, :, L - P :], self._v[:, row : row + 1, :, L - P :])
-        ids = torch.tensor([list(prompt)], dtype=torch.long, device=self._k.device)  # (1, P)
-        hidden = self.model.hidden_states(ids, kv_cache=view, validate=False)  # (1, P, C)
-        self.size += 1
-        return self.model.lm_head(hidden[0] if all_logits else hidden[0, -1])
+        return self._prefill([prompt], all_logits=all_logits)[0]
 
     @torch.no_grad()
     def join_many(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -91,22 +92,51 @@ class DecodeBatch:
         each prompt is left-padded to the longest (n, P_max) with its own mask and positions, so it lands
         right-aligned in its row's columns like a lone join. One forward over n * P_max rows runs faster than n
         small ones (far faster where matmuls over many rows have fast kernels: bf16, int8 prefills)."""
-        if len(prompts) == 1:
-            return self.join(prompts[0]).unsqueeze(0)
-        lengths = [len(prompt) for prompt in prompts]
-        rows = slice(self.size, self.size + len(prompts))
+        return self._prefill(prompts)
+
+    def _prefill(self, prompts: Sequence[Sequence[int]], *, all_logits: bool = False) -> torch.Tensor:
+        """join / join_many: seat the prompts, copy their cached prefixes, prefill the rest (module docstring).
+        Returns (n, V), or with all_logits (one prompt only) (1, P, V)."""
+        assert not all_logits or len(prompts) == 1, "all_logits is for a lone join"
+        n, lengths = len(prompts), [len(prompt) for prompt in prompts]
+        first = self.size
         L, longest = self._seat(lengths), max(lengths)
-        mask = self._mask[rows, L - longest : L]  # (n, P_max): what _seat marked, each prompt right-aligned
-        ids = torch.zeros(len(prompts), longest, dtype=torch.long, device=self._k.device)  # (n, P_max), left-padded
-        for i, prompt in enumerate(prompts):
-            ids[i, longest - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
-        view = KVCache(self._k[:, rows, :, L - longest :], self._v[:, rows, :, L - longest :])
-        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # (n, P_max): each prompt's own 0, 1, ...
+        cached = [self._cached_prefix(prompt, all_logits) for prompt in prompts]
+        r = max(P - prefix.length for P, prefix in zip(lengths, cached, strict=True))  # tokens each row feeds
+        reused = [max(P - r, 0) for P in lengths]  # <= each prefix's length, as P - r <= P - (P - length)
+        for row, (P, prefix, count) in enumerate(zip(lengths, cached, reused, strict=True), start=first):
+            if count > 0:
+                k, v = prefix.keys_values(count)  # (n_layer, nh, count, hs)
+                self._k[:, row, :, L - P : L - P + count] = k
+                self._v[:, row, :, L - P : L - P + count] = v
+        ids = torch.zeros(n, r, dtype=torch.long, device=self._k.device)  # (n, r), left-padded
+        for i, (prompt, count) in enumerate(zip(prompts, reused, strict=True)):
+            ids[i, r - (lengths[i] - count) :] = torch.tensor(list(prompt[count:]), dtype=torch.long)
+        rows = slice(first, first + n)
+        # The rows' columns [L - P_max, L): the first P_max - r hold the reused prefixes (the past), the prefill
+        # writes the last r.
+        view = KVCache(self._k[:, rows, :, L - longest :], self._v[:, rows, :, L - longest :], length=longest - r)
+        mask = positions = None  # one row: no padding, positions go on from the past
+        if n > 1:
+            mask = self._mask[rows, L - longest : L]  # (n, P_max): what _seat marked, each prompt right-aligned
+            positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, longest - r :]  # (n, r): each prompt's own
         hidden = self.model.hidden_states(
             ids, attention_mask=mask, position_ids=positions, kv_cache=view, validate=False
-        )  # (n, P_max, C)
-        self.size += len(prompts)
-        return self.model.lm_head(hidden[:, -1])  # (n, V)
+        )  # (n, r, C)
+        if self.prefix_cache is not None:
+            for row, (prompt, P, count) in enumerate(zip(prompts, lengths, reused, strict=True), start=first):
+                self.prefix_cache.insert(prompt, self._k[:, row, :, L - P : L], self._v[:, row, :, L - P : L])
+                if not all_logits:  # a scored prompt was not looked up
+                    self.prefix_cache.record(queried=P, reused=count)
+        self.size += n
+        return self.model.lm_head(hidden if all_logits else hidden[:, -1])
+
+    def _cached_prefix(self, prompt: Sequence[int], all_logits: bool) -> CachedPrefix:
+        """The cached prefix a prompt may reuse: at most P - 1 tokens (the last is prefilled for its logits);
+        none when every position's logits are wanted."""
+        if self.prefix_cache is None or all_logits:
+            return CachedPrefix((), 1)
+        return self.prefix_cache.lookup(prompt[:-1])
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,10 @@ Each turn of its loop:
    with the sequence's own generator (seeded: the tokens a lone `LLM.generate` call with that seed draws);
 4. hand each sequence's new text to its consumer (`sink`), and let finished or cancelled sequences leave.
 
+With a prefix cache (gpt2.serve.prefix_cache), a prompt that starts with an earlier prompt's tokens reuses their
+keys and values instead of prefilling them (in whole blocks; prompts that ask for their own log-probabilities are
+prefilled in full, as they need every position's logits). Its counters are `prefix_cache.queries` / `.hits`.
+
 Sequences join and leave only between steps, so a request never waits for another to finish. A sequence's
 prompt + completion is capped at the context (block_size tokens): it ends with finish_reason 'length' there.
 
@@ -40,6 +44,7 @@ from gpt2.inference.structured import GrammarCompiler, structured_processor
 from gpt2.inference.text import TextAssembler
 from gpt2.model import GPT
 from gpt2.serve.batch import DecodeBatch
+from gpt2.serve.prefix_cache import PrefixCache
 from gpt2.tokenizer.protocol import TextTokenizer
 
 logger = logging.getLogger(__name__)
@@ -191,12 +196,20 @@ class Engine:
     """Continuous batching over one model (module docstring). Thread-safe: `submit` and `Ticket.cancel` may be
     called from any thread; the model is used by the engine's thread only.
 
-    >>> engine = Engine(model, tokenizer, max_batch=8)                                       # doctest: +SKIP
+    >>> engine = Engine(model, tokenizer, max_batch=8, prefix_cache=PrefixCache(256 << 20))  # doctest: +SKIP
     >>> engine.start()                                                                       # doctest: +SKIP
     >>> ticket = engine.submit([SequenceRequest([464, 3290], SamplingParams(seed=0))], print)  # doctest: +SKIP
     """
 
-    def __init__(self, model: GPT, tokenizer: TextTokenizer, *, max_batch: int = 16, max_queue: int = 64) -> None:
+    def __init__(
+        self,
+        model: GPT,
+        tokenizer: TextTokenizer,
+        *,
+        max_batch: int = 16,
+        max_queue: int = 64,
+        prefix_cache: PrefixCache | None = None,
+    ) -> None:
         if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
             raise ValueError(f"max_queue must be an integer >= 1, got {max_queue!r}")
         self.model = model.eval()
@@ -207,7 +220,7 @@ class Engine:
         self.eot_token = tokenizer.eot_token
         self.max_queue = max_queue
         self.device = model.transformer.wte.weight.device
-        self._batch = DecodeBatch(model, max_batch)
+        self._batch = DecodeBatch(model, max_batch, prefix_cache=prefix_cache)
         self._rows: list[_Sequence] = []  # the active sequences, by row (engine thread only)
         self._waiting: collections.deque[_Sequence] = collections.deque()
         self._lock = threading.Condition()
@@ -220,6 +233,12 @@ class Engine:
     @property
     def max_batch(self) -> int:
         return self._batch.max_rows
+
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        """The cache of earlier prompts' keys and values the prefills reuse (None: off). Its counters are read by
+        other threads (/metrics) while the engine's thread updates them: plain integers, each read whole."""
+        return self._batch.prefix_cache
 
     @property
     def active(self) -> int:

@@ -1,0 +1,297 @@
+"""Automatic prefix caching (gpt2.serve.prefix_cache): a prompt that starts with an earlier prompt's tokens reuses
+their keys and values, computes what a full prefill computes (logits to float32 rounding, the same greedy text),
+skips the shared prefill (counted, never timed), and stays under its memory bound by evicting the least recently
+used blocks; the server turns it on by default, reports it in /metrics, and `--no-prefix-cache` turns it off.
+
+Tiny random models with the byte tokenizer, as tests/test_serve.py builds them.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from typing import Any
+
+import pytest
+import torch
+
+from gpt2.config import GPTConfig
+from gpt2.inference import SamplingParams
+from gpt2.model import GPT
+from gpt2.serve import DecodeBatch, Engine, SequenceOutput, SequenceRequest
+from gpt2.serve.prefix_cache import BLOCK_TOKENS, PrefixCache
+from gpt2.tokenizer import ByteTokenizer
+
+WAIT_SECONDS = 60  # an upper bound on waits for the engine, never a timing claim
+LONG_CONTEXT = 1024
+SHARED = 500  # tokens two prompts share: 31 whole blocks (496 tokens) are reusable
+N_LAYER, N_HEAD, HEAD_SIZE = 2, 2, 16
+BLOCK_BYTES = 2 * N_LAYER * N_HEAD * BLOCK_TOKENS * HEAD_SIZE * 4  # keys and values of one block, float32
+
+
+def tiny_gpt(block_size: int = 128, seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    config = GPTConfig(
+        n_layer=N_LAYER, n_head=N_HEAD, n_embd=N_HEAD * HEAD_SIZE, vocab_size=ByteTokenizer.vocab_size,
+        block_size=block_size,
+    )  # fmt: skip
+    model = GPT(config)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0, 0.3)  # peaked distributions: greedy text is not a run of ties
+        model.transformer.wte.weight[ByteTokenizer.eot_token].zero_()  # greedy text runs on past end-of-text
+    return model.eval()
+
+
+def solo_logits(model: GPT, tokens: list[int]) -> torch.Tensor:
+    """The plain path: a full forward of the sequence alone, (V,) logits after it."""
+    with torch.no_grad():
+        return model(torch.tensor([tokens])).logits[0, -1]
+
+
+def random_tokens(count: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(256) for _ in range(count)]
+
+
+def fake_kv(tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K, V (n_layer, nh, T, hs) whose values say which token they belong to."""
+    k = torch.arange(tokens, dtype=torch.float32).view(1, 1, tokens, 1).expand(N_LAYER, N_HEAD, tokens, HEAD_SIZE)
+    return k.clone(), -k.clone()
+
+
+# ------------------------------------------------------------------------------------ the cache
+def test_a_prompt_finds_its_longest_cached_prefix_in_whole_blocks() -> None:
+    cache = PrefixCache(max_bytes=1 << 20)
+    tokens = list(range(40))
+    k, v = fake_kv(40)
+    cache.insert(tokens, k, v)
+    assert len(cache) == 2 and cache.bytes == 2 * BLOCK_BYTES  # the 8 tokens past the last full block are not kept
+    found = cache.lookup([*tokens, 99])
+    assert found.length == 32
+    cached_k, cached_v = found.keys_values(20)  # a prefix of the prefix: what join_many reuses
+    torch.testing.assert_close(cached_k, k[:, :, :20], rtol=0, atol=0)
+    torch.testing.assert_close(cached_v, v[:, :, :20], rtol=0, atol=0)
+    assert cache.lookup([*range(20), 0, *range(21, 40)]).length == 16  # differs in block 1
+    assert cache.lookup(list(range(15))).length == 0  # not a whole block
+
+
+def test_a_block_is_keyed_by_every_token_before_it() -> None:
+    cache = PrefixCache(max_bytes=1 << 20)
+    cache.insert(list(range(32)), *fake_kv(32))
+    other_start = [255, *range(1, 32)]  # block 1's own tokens are the same, what comes before is not
+    assert cache.lookup(other_start).length == 0
+
+
+def test_the_least_recently_used_blocks_are_evicted_under_the_byte_budget() -> None:
+    cache = PrefixCache(max_bytes=3 * BLOCK_BYTES)
+    first, second, third = ([start] * 16 for start in (1, 2, 3))
+    cache.insert(first, *fake_kv(16))
+    cache.insert(second, *fake_kv(16))
+    assert cache.lookup(first).length == 16  # first is now more recent than second
+    cache.insert(third, *fake_kv(16))  # fits: 3 blocks
+    cache.insert([4] * 16, *fake_kv(16))  # the fourth evicts the least recently used: second
+    assert cache.evictions == 1 and len(cache) == 3 and cache.bytes == 3 * BLOCK_BYTES
+    assert [cache.lookup(prompt).length for prompt in (first, second, third)] == [16, 0, 16]
+
+
+def test_a_prefix_loses_its_tail_before_its_head() -> None:
+    cache = PrefixCache(max_bytes=3 * BLOCK_BYTES)
+    prompt = list(range(48))
+    cache.insert(prompt, *fake_kv(48))
+    cache.insert([7] * 16, *fake_kv(16))  # one block must go: the prompt's last
+    assert cache.lookup(prompt).length == 32
+
+
+def test_a_prompt_longer_than_the_budget_keeps_its_first_blocks() -> None:
+    cache = PrefixCache(max_bytes=2 * BLOCK_BYTES + 1)
+    prompt = list(range(80))
+    cache.insert(prompt, *fake_kv(80))
+    assert len(cache) == 2 and cache.evictions == 0 and cache.lookup(prompt).length == 32
+
+
+@pytest.mark.parametrize("max_bytes", [0, -1, 1.5, True, "256"])
+def test_the_budget_must_be_a_positive_number_of_bytes(max_bytes: Any) -> None:
+    with pytest.raises(ValueError, match=r"max_bytes must be an integer >= 1, got "):
+        PrefixCache(max_bytes=max_bytes)
+
+
+# ------------------------------------------------------------------------------------ the batch
+def test_a_join_that_reuses_a_cached_prefix_computes_what_a_full_prefill_does() -> None:
+    model = tiny_gpt(block_size=LONG_CONTEXT)
+    cache = PrefixCache(max_bytes=1 << 24)
+    batch = DecodeBatch(model, max_rows=2, prefix_cache=cache)
+    shared = random_tokens(SHARED, seed=1)
+    first, second = [*shared, *random_tokens(20, seed=2)], [*shared, *random_tokens(30, seed=3)]
+    batch.join(first)
+    assert (cache.queries, cache.hits) == (len(first), 0)
+    logits = batch.join(second)
+    assert (cache.queries, cache.hits) == (len(first) + len(second), 496)  # 31 whole blocks of the shared 500
+    torch.testing.assert_close(logits, solo_logits(model, second), atol=1e-5, rtol=0)
+    tokens = [[*first], [*second, int(logits.argmax())]]
+    tokens[0].append(int(solo_logits(model, first).argmax()))
+    for _ in range(5):  # the reused keys and values serve the decode steps too
+        step = batch.step(torch.tensor([row[-1] for row in tokens]))
+        for row, sequence in enumerate(tokens):
+            torch.testing.assert_close(step[row], solo_logits(model, sequence), atol=1e-5, rtol=0)
+            sequence.append(int(step[row].argmax()))
+
+
+def test_a_repeated_prompt_still_prefills_its_last_token() -> None:
+    model = tiny_gpt()
+    cache = PrefixCache(max_bytes=1 << 20)
+    batch = DecodeBatch(model, max_rows=2, prefix_cache=cache)
+    prompt = random_tokens(2 * BLOCK_TOKENS, seed=4)  # exactly two blocks
+    batch.join(prompt)
+    logits = batch.join(prompt)
+    assert cache.hits == BLOCK_TOKENS  # the second block holds the last token, whose logits must be computed
+    torch.testing.assert_close(logits, solo_logits(model, prompt), atol=1e-5, rtol=0)
+
+
+def test_join_many_with_cached_prefixes_of_different_lengths_gives_each_prompts_logits() -> None:
+    model = tiny_gpt()
+    cache = PrefixCache(max_bytes=1 << 20)
+    batch = DecodeBatch(model, max_rows=5, prefix_cache=cache)
+    header = random_tokens(64, seed=5)
+    batch.join(header + [1])
+    prompts = [
+        [*header, *random_tokens(3, seed=6)],  # 64 cached, 3 left
+        [*header[:40], *random_tokens(10, seed=7)],  # 32 cached, 18 left: the most, so every row feeds 18
+        random_tokens(9, seed=8),  # nothing cached, shorter than what the others feed
+        [*header, *random_tokens(12, seed=9)],
+    ]
+    queries, hits = cache.queries, cache.hits
+    logits = batch.join_many(prompts)  # (n, V)
+    for prompt, row in zip(prompts, logits, strict=True):
+        torch.testing.assert_close(row, solo_logits(model, prompt), atol=1e-5, rtol=0)
+    assert cache.queries - queries == sum(map(len, prompts))
+    assert cache.hits - hits == (67 - 18) + 32 + 0 + (76 - 18)  # each row reuses P - 18 of its cached tokens
+
+
+def test_scoring_a_prompt_uses_no_cached_prefix_but_stores_its_blocks() -> None:
+    model = tiny_gpt()
+    cache = PrefixCache(max_bytes=1 << 20)
+    batch = DecodeBatch(model, max_rows=2, prefix_cache=cache)
+    prompt = random_tokens(40, seed=10)
+    batch.join(prompt)
+    all_logits = batch.join(prompt, all_logits=True)  # (P, V): every position's, from a full prefill
+    assert all_logits.shape == (40, ByteTokenizer.vocab_size) and (cache.queries, cache.hits) == (40, 0)
+    with torch.no_grad():
+        torch.testing.assert_close(all_logits, model(torch.tensor([prompt])).logits[0], atol=1e-5, rtol=0)
+
+
+# ------------------------------------------------------------------------------------ the engine
+class Collector:
+    """A sink that gathers each sequence's outputs and says when all have ended."""
+
+    def __init__(self, count: int) -> None:
+        self.outputs: list[list[SequenceOutput]] = [[] for _ in range(count)]
+        self.done = threading.Event()
+        self._ended = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, output: SequenceOutput) -> None:
+        with self._lock:
+            self.outputs[output.index].append(output)
+            if output.final:
+                self._ended += 1
+                if self._ended == len(self.outputs):
+                    self.done.set()
+
+    def tokens(self, index: int) -> list[int]:
+        return [token for output in self.outputs[index] for token in output.token_ids]
+
+    def logprobs(self, index: int) -> list[float]:
+        return [logprob.logprob for output in self.outputs[index] for logprob in output.logprobs]
+
+
+def run_engine(engine: Engine, requests: list[SequenceRequest]) -> Collector:
+    """Submit the requests at once and wait for all of them."""
+    collector = Collector(len(requests))
+    engine.submit(requests, collector)
+    assert collector.done.wait(WAIT_SECONDS), "the engine did not finish"
+    return collector
+
+
+def greedy(prompt: list[int], max_tokens: int = 12) -> SequenceRequest:
+    """Greedy decoding, with each drawn token's log-probability (the logits, seen through the engine)."""
+    return SequenceRequest(prompt, SamplingParams(max_tokens=max_tokens, temperature=0), logprobs=0)
+
+
+def chat_prompts() -> list[list[int]]:
+    """Prompts that share a long header, and a conversation whose turns extend each other."""
+    header = random_tokens(SHARED, seed=11)
+    turn = [*header, *random_tokens(40, seed=12)]
+    return [
+        [*header, *random_tokens(7, seed=13)],
+        [*header, *random_tokens(25, seed=14)],
+        turn,
+        [*turn, *random_tokens(33, seed=15)],
+        random_tokens(50, seed=16),
+    ]
+
+
+def test_the_engine_gives_the_same_greedy_tokens_with_and_without_the_cache() -> None:
+    model = tiny_gpt(block_size=LONG_CONTEXT)
+    plain = Engine(model, ByteTokenizer(), max_batch=4)
+    cached = Engine(model, ByteTokenizer(), max_batch=4, prefix_cache=PrefixCache(1 << 24))
+    try:
+        for prompt in chat_prompts():  # one at a time: each joins alone
+            expected, got = run_engine(plain, [greedy(prompt)]), run_engine(cached, [greedy(prompt)])
+            assert got.tokens(0) == expected.tokens(0)
+            assert got.logprobs(0) == pytest.approx(expected.logprobs(0), abs=1e-5)
+    finally:
+        plain.stop()
+        cached.stop()
+    assert cached.prefix_cache is not None and cached.prefix_cache.hits > 0 and plain.prefix_cache is None
+
+
+def test_a_second_request_sharing_a_long_prefix_skips_prefilling_it() -> None:
+    engine = Engine(tiny_gpt(block_size=LONG_CONTEXT), ByteTokenizer(), max_batch=2, prefix_cache=PrefixCache(1 << 24))
+    header = random_tokens(SHARED, seed=17)
+    first, second = [*header, *random_tokens(9, seed=18)], [*header, *random_tokens(21, seed=19)]
+    try:
+        run_engine(engine, [greedy(first, max_tokens=2)])
+        cache = engine.prefix_cache
+        assert cache is not None and (cache.queries, cache.hits) == (len(first), 0)
+        run_engine(engine, [greedy(second, max_tokens=2)])
+    finally:
+        engine.stop()
+    assert (cache.queries, cache.hits) == (len(first) + len(second), SHARED // BLOCK_TOKENS * BLOCK_TOKENS)
+
+
+def test_concurrent_requests_sharing_a_prefix_get_what_they_get_one_by_one() -> None:
+    model = tiny_gpt(block_size=LONG_CONTEXT)
+    prompts = chat_prompts()
+    sequential = Engine(model, ByteTokenizer(), max_batch=8)
+    concurrent = Engine(model, ByteTokenizer(), max_batch=8, prefix_cache=PrefixCache(1 << 24))
+    try:
+        expected = [run_engine(sequential, [greedy(prompt)]).tokens(0) for prompt in prompts]
+        run_engine(concurrent, [greedy(prompts[0], max_tokens=1)])  # the header is cached ...
+        together = run_engine(concurrent, [greedy(prompt) for prompt in prompts])  # ... and these join together
+    finally:
+        sequential.stop()
+        concurrent.stop()
+    assert [together.tokens(index) for index in range(len(prompts))] == expected
+    assert concurrent.prefix_cache is not None and concurrent.prefix_cache.hits > len(prompts[0])
+
+
+def test_prompt_logprobs_are_the_same_with_the_cache() -> None:
+    model = tiny_gpt()
+    prompt = random_tokens(60, seed=20)
+    request = SequenceRequest(prompt, SamplingParams(max_tokens=3, temperature=0), logprobs=2, prompt_logprobs=True)
+    outputs = []
+    for prefix_cache in (None, PrefixCache(1 << 20)):
+        engine = Engine(model, ByteTokenizer(), max_batch=2, prefix_cache=prefix_cache)
+        try:
+            run_engine(engine, [greedy(prompt)])  # the prompt is cached, when there is a cache
+            outputs.append(run_engine(engine, [request]).outputs[0])
+        finally:
+            engine.stop()
+    without, with_cache = outputs
+    assert [o.token_ids for o in with_cache] == [o.token_ids for o in without]
+    scored, expected = with_cache[0].prompt_logprobs, without[0].prompt_logprobs
+    assert scored is not None and expected is not None and len(scored) == len(expected) == 60
+    for got, want in zip(scored[1:], expected[1:], strict=True):
+        assert got is not None and want is not None and got.token == want.token
+        assert got.logprob == pytest.approx(want.logprob, abs=1e-5)
