@@ -8,6 +8,7 @@ Tiny random models with the byte tokenizer, as tests/test_serve.py builds them.
 
 from __future__ import annotations
 
+import argparse
 import random
 import threading
 from typing import Any
@@ -15,10 +16,11 @@ from typing import Any
 import pytest
 import torch
 
+from gpt2.api import LLM
 from gpt2.config import GPTConfig
 from gpt2.inference import SamplingParams
 from gpt2.model import GPT
-from gpt2.serve import DecodeBatch, Engine, SequenceOutput, SequenceRequest
+from gpt2.serve import DecodeBatch, Engine, SequenceOutput, SequenceRequest, ServerConfig
 from gpt2.serve.prefix_cache import BLOCK_TOKENS, PrefixCache
 from gpt2.tokenizer import ByteTokenizer
 
@@ -295,3 +297,73 @@ def test_prompt_logprobs_are_the_same_with_the_cache() -> None:
     for got, want in zip(scored[1:], expected[1:], strict=True):
         assert got is not None and want is not None and got.token == want.token
         assert got.logprob == pytest.approx(want.logprob, abs=1e-5)
+
+
+# ------------------------------------------------------------------------------------ the server
+def test_the_metrics_count_queried_and_reused_prompt_tokens() -> None:
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from gpt2.serve import create_app
+
+    def scrape(client: Any) -> dict[str, float]:
+        text = client.get("/metrics").text
+        return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples}
+
+    llm = LLM(tiny_gpt(), ByteTokenizer(), torch.device("cpu"))
+    header = "You are a helpful assistant. Answer briefly. " * 2  # 90 bytes: 5 whole blocks
+    with TestClient(create_app(llm, ServerConfig(model_name="tiny"))) as client:
+        before = scrape(client)
+        for question in ("Hi?", "Why?"):
+            body = {"model": "tiny", "prompt": header + question, "max_tokens": 2, "temperature": 0}
+            assert client.post("/v1/completions", json=body).status_code == 200
+        after = scrape(client)
+    assert before["gpt2_prefix_cache_queries_total"] == before["gpt2_prefix_cache_hits_total"] == 0
+    assert after["gpt2_prefix_cache_queries_total"] == 2 * len(header) + len("Hi?") + len("Why?")
+    assert after["gpt2_prefix_cache_hits_total"] == 80
+    assert after["gpt2_prefix_cache_bytes"] == 5 * BLOCK_BYTES and after["gpt2_prefix_cache_evictions_total"] == 0
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    from gpt2.cli import serve as serve_command
+
+    parser = argparse.ArgumentParser()
+    serve_command.register(parser.add_subparsers())
+    return parser
+
+
+def test_gpt2_serve_caches_prefixes_by_default_and_no_prefix_cache_turns_it_off() -> None:
+    pytest.importorskip("fastapi")
+    from gpt2.cli.serve import server_config
+    from gpt2.serve import create_app
+
+    llm = LLM(tiny_gpt(), ByteTokenizer(), torch.device("cpu"))
+    default = server_config(serve_parser().parse_args(["serve", "--model", "m"]))
+    off = server_config(serve_parser().parse_args(["serve", "--model", "m", "--no-prefix-cache"]))
+    small = server_config(serve_parser().parse_args(["serve", "--model", "m", "--prefix-cache-mb", "8"]))
+    assert (default.prefix_cache, default.prefix_cache_mb) == (True, 256)
+    cache = create_app(llm, default).state.engine.prefix_cache
+    assert isinstance(cache, PrefixCache) and cache.max_bytes == 256 << 20
+    assert create_app(llm, off).state.engine.prefix_cache is None
+    assert create_app(llm, small).state.engine.prefix_cache.max_bytes == 8 << 20
+
+
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_a_bad_prefix_cache_size_is_refused_in_one_line_before_loading(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpt2.cli import main
+
+    assert main(["serve", "--model", "does/not/exist", "--prefix-cache-mb", value]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"gpt2 serve: error: prefix_cache_mb must be a whole number of MiB >= 1, got {value} "
+        "(to turn the cache off: --no-prefix-cache)"
+    )
+
+
+def test_a_prefix_cache_size_that_is_not_a_number_is_an_argparse_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        serve_parser().parse_args(["serve", "--model", "m", "--prefix-cache-mb", "lots"])
+    assert exited.value.code == 2
+    assert "argument --prefix-cache-mb: invalid int value: 'lots'" in capsys.readouterr().err

@@ -48,12 +48,25 @@ def register(subparsers: Any) -> None:
         default=defaults.drain_seconds,
         help="on SIGTERM, how long requests in flight may take to finish",
     )
+    parser.add_argument(
+        "--no-prefix-cache",
+        dest="prefix_cache",
+        action="store_false",
+        help="prefill every prompt in full (default: reuse the keys and values of earlier prompts' prefixes)",
+    )
+    parser.add_argument(
+        "--prefix-cache-mb",
+        type=int,
+        default=defaults.prefix_cache_mb,
+        help=f"memory for the prefix cache at most, in MiB (default {defaults.prefix_cache_mb})",
+    )
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     parser.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    config = ServerConfig(  # every setting is checked before the model loads
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    """The settings the flags give, checked (a ValueError names the bad one)."""
+    return ServerConfig(
         model_name=args.served_model_name or str(args.model),
         host=args.host,
         port=args.port,
@@ -61,7 +74,13 @@ def run(args: argparse.Namespace) -> int:
         max_batch=args.max_batch,
         max_queue=args.max_queue,
         drain_seconds=args.drain_seconds,
+        prefix_cache=args.prefix_cache,
+        prefix_cache_mb=args.prefix_cache_mb,
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    config = server_config(args)  # every setting is checked before the model loads
     try:
         from gpt2.serve.server import serve
     except ModuleNotFoundError as err:

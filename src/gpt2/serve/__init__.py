@@ -3,6 +3,7 @@
 Where each thing lives:
 
 - `batch`: the running batch over one shared KV cache: sequences join and leave at step boundaries;
+- `prefix_cache`: earlier prompts' keys and values in blocks, reused by prompts that start with the same tokens;
 - `engine`: the thread that owns the model and decodes every running sequence in one batched step;
 - `protocol`: OpenAI's request bodies (checked) and response shapes; `chat`: chat messages read into the roles
   of GPT-2's chat template (`gpt2.tokenizer.chat`);
@@ -31,6 +32,7 @@ from gpt2.serve.engine import (
     SequenceStatus,
     TokenLogprob,
 )
+from gpt2.serve.prefix_cache import PrefixCache
 
 # The HTTP parts need the `serve` extra (fastapi, uvicorn): imported on first use, so the engine and the CLI's
 # help work without it.
@@ -52,6 +54,7 @@ __all__ = [
     "EngineError",
     "EngineFailed",
     "EngineStopped",
+    "PrefixCache",
     "QueueFull",
     "SequenceOutput",
     "SequenceRequest",

@@ -33,7 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gpt2.api import LLM
 from gpt2.serve.chat import ChatMessage
-from gpt2.serve.config import ServerConfig
+from gpt2.serve.config import MEGABYTE, ServerConfig
 from gpt2.serve.engine import (
     Engine,
     EngineError,
@@ -45,6 +45,7 @@ from gpt2.serve.engine import (
 )
 from gpt2.serve.metrics import ServerMetrics
 from gpt2.serve.playground import PLAYGROUND_HTML
+from gpt2.serve.prefix_cache import PrefixCache
 from gpt2.serve.protocol import (
     APIError,
     ChatRequest,
@@ -73,7 +74,10 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
     """The server for `llm` with `config`'s limits. The engine thread starts with the app (or at the first
     request) and stops when the app shuts down: in-flight work is cancelled then (the HTTP server drains
     first, see gpt2.serve.server)."""
-    engine = Engine(llm.model, llm.tokenizer, max_batch=config.max_batch, max_queue=config.max_queue)
+    prefix_cache = PrefixCache(config.prefix_cache_mb * MEGABYTE) if config.prefix_cache else None
+    engine = Engine(
+        llm.model, llm.tokenizer, max_batch=config.max_batch, max_queue=config.max_queue, prefix_cache=prefix_cache
+    )
     service = _Service(llm, engine, config)
 
     @asynccontextmanager

@@ -5,13 +5,20 @@ One registry per app (never the process-wide default one): two servers in one pr
 
 - requests accepted, sequences finished by reason, prompt and generated tokens (counters);
 - sequences running and waiting in the engine (gauges, read when scraped);
+- the prefix cache's counters, read when scraped: prompt tokens looked up (`gpt2_prefix_cache_queries_total`) and
+  of those reused (`gpt2_prefix_cache_hits_total`; their ratio is the hit rate), blocks evicted, bytes held (all
+  zero with the cache off);
 - time to the first token, time per output token after it, and end-to-end latency (histograms), measured where
   the server hands outputs to the client, so they include queueing and the engine's turns.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from gpt2.serve.engine import Engine, SequenceOutput
 
@@ -37,6 +44,7 @@ class ServerMetrics:
         running.set_function(lambda: engine.active)
         waiting = Gauge("gpt2_num_requests_waiting", "Sequences queued for a row", registry=registry)
         waiting.set_function(lambda: engine.waiting)
+        registry.register(PrefixCacheCollector(engine))
         self.first_token = Histogram(
             "gpt2_time_to_first_token_seconds", "From submission to a sequence's first token",
             buckets=FIRST_TOKEN_BUCKETS, registry=registry,
@@ -69,3 +77,23 @@ class ServerMetrics:
     def render(self) -> tuple[bytes, str]:
         """The text exposition and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class PrefixCacheCollector(Collector):
+    """The engine's prefix-cache counters as Prometheus metrics, read at each scrape (the cache counts them)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        cache = self._engine.prefix_cache
+        if cache is None:
+            queries = hits = evictions = held = 0
+        else:
+            queries, hits, evictions, held = cache.queries, cache.hits, cache.evictions, cache.bytes
+        yield CounterMetricFamily(
+            "gpt2_prefix_cache_queries", "Prompt tokens looked up in the prefix cache", value=queries
+        )
+        yield CounterMetricFamily("gpt2_prefix_cache_hits", "Prompt tokens reused from the prefix cache", value=hits)
+        yield CounterMetricFamily("gpt2_prefix_cache_evictions", "Prefix cache blocks evicted", value=evictions)
+        yield GaugeMetricFamily("gpt2_prefix_cache_bytes", "Bytes the prefix cache holds", value=held)
