@@ -60,6 +60,13 @@ def register(subparsers: Any) -> None:
         default=defaults.prefix_cache_mb,
         help=f"memory for the prefix cache at most, in MiB (default {defaults.prefix_cache_mb})",
     )
+    parser.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=defaults.prefill_chunk,
+        help="prompt tokens prefilled between two decode steps at most; longer prompts go in chunks "
+        f"(default {defaults.prefill_chunk})",
+    )
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     parser.set_defaults(func=run)
 
@@ -76,6 +83,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         drain_seconds=args.drain_seconds,
         prefix_cache=args.prefix_cache,
         prefix_cache_mb=args.prefix_cache_mb,
+        prefill_chunk=args.prefill_chunk,
     )
 
 

@@ -76,7 +76,12 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
     first, see gpt2.serve.server)."""
     prefix_cache = PrefixCache(config.prefix_cache_mb * MEGABYTE) if config.prefix_cache else None
     engine = Engine(
-        llm.model, llm.tokenizer, max_batch=config.max_batch, max_queue=config.max_queue, prefix_cache=prefix_cache
+        llm.model,
+        llm.tokenizer,
+        max_batch=config.max_batch,
+        max_queue=config.max_queue,
+        prefix_cache=prefix_cache,
+        prefill_chunk=config.prefill_chunk,
     )
     service = _Service(llm, engine, config)
 

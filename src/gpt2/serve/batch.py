@@ -19,6 +19,10 @@ to the rounding of the batched reductions.
   prompt's full blocks are stored. In a join_many the rows feed equally many tokens (the most any row has left,
   r): a row with fewer left recomputes some of its cached tokens (it reuses P_i - r of them). A join that wants
   every position's logits (prompt scoring) uses no cached prefix, since it needs a prefill of every token.
+- Chunked prefill (ChunkedPrefill, from start_prefill): a long prompt is prefilled a chunk at a time in a cache of
+  its own, outside the batch, so the rows can step between its chunks (the engine decides how much each turn
+  feeds); join_prefilled then seats it like a join, copying its keys and values in (no forward). Outside the batch,
+  it is untouched by the rows' moves; the copy costs far less than the prefill it follows.
 - step: one forward of the B pending tokens (B, 1), each with its row's mask and position (in the native decoder,
   gpt2.inference.decoder, where it can run the model).
 - Room: a step needs column L free. When L reaches block_size, or the padding every row shares grows past a
@@ -69,6 +73,7 @@ class DecodeBatch:
         self.width = 0  # L: columns in use
         self.max_rows = max_rows
         self.prefix_cache = prefix_cache  # None: every prompt is prefilled in full
+        self.prefilled = 0  # prompt tokens join / join_many fed through the model (cached prefixes not counted)
 
     @property
     def lengths(self) -> list[int]:
@@ -101,7 +106,7 @@ class DecodeBatch:
         n, lengths = len(prompts), [len(prompt) for prompt in prompts]
         first = self.size
         L, longest = self._seat(lengths), max(lengths)
-        cached = [self._cached_prefix(prompt, all_logits) for prompt in prompts]
+        cached = [reusable_prefix(self.prefix_cache, prompt, all_logits=all_logits) for prompt in prompts]
         r = max(P - prefix.length for P, prefix in zip(lengths, cached, strict=True))  # tokens each row feeds
         reused = [max(P - r, 0) for P in lengths]  # <= each prefix's length, as P - r <= P - (P - length)
         for row, (P, prefix, count) in enumerate(zip(lengths, cached, reused, strict=True), start=first):
@@ -112,6 +117,7 @@ class DecodeBatch:
         ids = torch.zeros(n, r, dtype=torch.long, device=self._k.device)  # (n, r), left-padded
         for i, (prompt, count) in enumerate(zip(prompts, reused, strict=True)):
             ids[i, r - (lengths[i] - count) :] = torch.tensor(list(prompt[count:]), dtype=torch.long)
+        self.prefilled += sum(P - count for P, count in zip(lengths, reused, strict=True))
         rows = slice(first, first + n)
         # The rows' columns [L - P_max, L): the first P_max - r hold the reused prefixes (the past), the prefill
         # writes the last r.
@@ -131,12 +137,22 @@ class DecodeBatch:
         self.size += n
         return self.model.lm_head(hidden if all_logits else hidden[:, -1])
 
-    def _cached_prefix(self, prompt: Sequence[int], all_logits: bool) -> CachedPrefix:
-        """The cached prefix a prompt may reuse: at most P - 1 tokens (the last is prefilled for its logits);
-        none when every position's logits are wanted."""
-        if self.prefix_cache is None or all_logits:
-            return CachedPrefix((), 1)
-        return self.prefix_cache.lookup(prompt[:-1])
+    def start_prefill(self, prompt: Sequence[int], *, all_logits: bool = False) -> ChunkedPrefill:
+        """A prompt to prefill a chunk at a time outside the batch (ChunkedPrefill), with this batch's model and
+        prefix cache; `join_prefilled` seats it once every token is in."""
+        return ChunkedPrefill(self.model, prompt, prefix_cache=self.prefix_cache, all_logits=all_logits)
+
+    @torch.no_grad()
+    def join_prefilled(self, prefill: ChunkedPrefill) -> None:
+        """Add a sequence whose prompt was prefilled in chunks as row B, as `join` would seat it: its keys and
+        values are copied into the row's columns [L - P, L). Its logits came from its last chunk."""
+        assert prefill.remaining == 0, f"{prefill.remaining} prompt tokens are not prefilled yet"
+        P = len(prefill.prompt)
+        L, row = self._seat([P]), self.size
+        k, v = prefill.keys_values()  # (n_layer, nh, P, hs)
+        self._k[:, row, :, L - P : L] = k
+        self._v[:, row, :, L - P : L] = v
+        self.size += 1
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -230,3 +246,83 @@ class DecodeBatch:
             if by > 0:
                 self._mask[:B, :by] = 0
         self.width = new_width
+
+
+class ChunkedPrefill:
+    """A prompt prefilled a chunk at a time into a KV cache of its own, (n_layer, 1, nh, P, hs), outside the batch,
+    so that the running rows can step between its chunks; `DecodeBatch.join_prefilled` seats it once every token is
+    in (module docstring).
+
+    Each chunk is one forward with the chunks before it as its past, positions going on from there, as a prompt
+    that reuses a cached prefix is fed: the same keys, values and logits as one prefill of the whole prompt, to
+    float rounding (tested). With a prefix cache, the prompt's longest cached prefix (at most P - 1 tokens, none
+    when every position's logits are wanted) is copied in first, and its full blocks are stored once its last
+    token is in. A prompt of up to block_size tokens may be prefilled (only scored, it need not leave room).
+
+    >>> from gpt2 import GPT, GPTConfig
+    >>> model = GPT(GPTConfig.from_name("gpt2-tiny", vocab_size=257)).eval()
+    >>> prefill = ChunkedPrefill(model, list(range(100)))
+    >>> prefill.advance(64).shape, prefill.remaining  # the last position's logits (1, V)
+    (torch.Size([1, 257]), 36)
+    """
+
+    def __init__(
+        self,
+        model: GPT,
+        prompt: Sequence[int],
+        *,
+        prefix_cache: PrefixCache | None = None,
+        all_logits: bool = False,
+    ) -> None:
+        P, block_size = len(prompt), model.config.block_size
+        if not 0 < P <= block_size:
+            raise ValueError(f"a prompt must hold 1 to {block_size} tokens to be prefilled, got {P}")
+        self.model = model
+        self.prompt = tuple(prompt)
+        self.all_logits = all_logits
+        self.prefix_cache = prefix_cache
+        self._cache = model.new_kv_cache(1, max_len=P)  # its length: the tokens whose keys and values are in
+        prefix = reusable_prefix(prefix_cache, prompt, all_logits=all_logits)
+        if prefix.length > 0:
+            k, v = prefix.keys_values(prefix.length)  # (n_layer, nh, length, hs)
+            self._cache.k[:, 0, :, : prefix.length] = k
+            self._cache.v[:, 0, :, : prefix.length] = v
+            self._cache.length = prefix.length
+        if prefix_cache is not None and not all_logits:  # a scored prompt is not looked up
+            prefix_cache.record(queried=P, reused=prefix.length)
+
+    @property
+    def done(self) -> int:
+        """Prompt tokens whose keys and values are in (a cached prefix's included)."""
+        return self._cache.length
+
+    @property
+    def remaining(self) -> int:
+        """Prompt tokens still to prefill."""
+        return len(self.prompt) - self._cache.length
+
+    @torch.no_grad()
+    def advance(self, tokens: int) -> torch.Tensor:
+        """Prefill the next `tokens` prompt tokens (1 to `remaining`). Returns logits of the positions fed: every
+        one with all_logits (tokens, V) (row t predicts the token after position done + t), else the last (1, V)
+        (after the prompt's last token: the first token's logits)."""
+        assert 0 < tokens <= self.remaining, f"{tokens} tokens asked of a prompt with {self.remaining} left"
+        start = self._cache.length
+        ids = torch.tensor([self.prompt[start : start + tokens]], dtype=torch.long, device=self._cache.k.device)
+        hidden = self.model.hidden_states(ids, kv_cache=self._cache, validate=False)[0]  # (tokens, C)
+        if self.remaining == 0 and self.prefix_cache is not None:
+            self.prefix_cache.insert(self.prompt, *self.keys_values())
+        return self.model.lm_head(hidden if self.all_logits else hidden[-1:])
+
+    def keys_values(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of the tokens prefilled so far, each (n_layer, nh, done, hs)."""
+        done = self._cache.length
+        return self._cache.k[:, 0, :, :done], self._cache.v[:, 0, :, :done]
+
+
+def reusable_prefix(prefix_cache: PrefixCache | None, prompt: Sequence[int], *, all_logits: bool) -> CachedPrefix:
+    """The cached prefix a prompt may reuse: at most P - 1 tokens (the last is prefilled for its logits); none
+    without a cache or when every position's logits are wanted (they need a prefill of every token)."""
+    if prefix_cache is None or all_logits:
+        return CachedPrefix((), 1)
+    return prefix_cache.lookup(prompt[:-1])

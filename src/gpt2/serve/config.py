@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpt2.serve.engine import PREFILL_CHUNK
+
 LOOPBACK = "127.0.0.1"
 MEGABYTE = 1 << 20  # what --prefix-cache-mb counts in (MiB)
 
@@ -45,6 +47,9 @@ class ServerConfig:
     prefix_cache_mb: int = 256
     """The prefix cache's memory at most, in MiB, on the model's device (`--prefix-cache-mb`). 256 MiB hold
     about 3,600 tokens of GPT-2 small in float32 (72 KiB of keys and values a token), 1,350 of GPT-2 medium."""
+    prefill_chunk: int = PREFILL_CHUNK
+    """Prompt tokens prefilled between two decode steps at most (`--prefill-chunk`): a longer prompt is prefilled in
+    chunks of this many, so running streams wait for one chunk, not the whole prompt (gpt2.serve.engine)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_name, str) or not self.model_name:
@@ -64,7 +69,7 @@ class ServerConfig:
                 f"prefix_cache_mb must be a whole number of MiB >= 1, got {self.prefix_cache_mb!r} "
                 "(to turn the cache off: --no-prefix-cache)"
             )
-        for name in ("max_batch", "max_queue", "max_body_bytes", "max_prompts", "retry_after_seconds"):
+        for name in ("max_batch", "max_queue", "max_body_bytes", "max_prompts", "retry_after_seconds", "prefill_chunk"):
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

@@ -2,10 +2,17 @@
 
 Each turn of its loop:
 
-1. admit waiting sequences while the batch has free rows: prefill each into its row of the shared KV cache
-   (gpt2.serve.batch) and draw its first token from the prefill's logits; when more arrived meanwhile and rows
-   are free, the next turn admits them before any decode step (so a burst of requests gets its first tokens
-   without waiting for decode steps in between: the time to the first token is what the burst's clients see);
+1. prefill at most `prefill_chunk` prompt tokens (chunked prefill, as vLLM's token budget per step and
+   llama-server's batch size bound theirs): first the next chunk of the prompt that is part-way prefilled, if
+   any; then waiting sequences, while rows are free, whose prompts fit what is left whole, each prefilled into
+   its row of the shared KV cache (gpt2.serve.batch; several in one batched prefill) to draw its first token from
+   the prefill's logits; then, when no prompt is part-way, the next one, with what is left as its first chunk. A
+   part-way prompt is prefilled outside the batch, a chunk per turn, and joins when its last chunk is in. So a
+   decode step waits for one chunk's prefill at most, however long the prompts that arrive; `timeline` records
+   each turn's prefilled tokens and decoding rows. When more arrived meanwhile and rows are free, and no row was
+   decoding before this turn, the next turn admits them before any decode step (so a burst of requests gets its
+   first tokens without waiting for decode steps in between: the time to the first token is what the burst's
+   clients see); a row that was decoding never waits more than one turn's prefill;
 2. run one batched decode step for all active sequences, (B, 1) tokens -> (B, V) logits;
 3. per row, with that sequence's own settings: log-probabilities when asked (of the model's distribution, before
    any rule and temperature), then the logits processors its SamplingParams asks for (penalties, bias, bans,
@@ -16,6 +23,8 @@ Each turn of its loop:
 With a prefix cache (gpt2.serve.prefix_cache), a prompt that starts with an earlier prompt's tokens reuses their
 keys and values instead of prefilling them (in whole blocks; prompts that ask for their own log-probabilities are
 prefilled in full, as they need every position's logits). Its counters are `prefix_cache.queries` / `.hits`.
+Prompts that ask for their own log-probabilities are prefilled in chunks like any other (outside the batch), each
+chunk's logits scored as they come: what one prefill of the prompt gives, holding a chunk's (T, V) logits at once.
 
 Sequences join and leave only between steps, so a request never waits for another to finish. A sequence's
 prompt + completion is capped at the context (block_size tokens): it ends with finish_reason 'length' there.
@@ -43,16 +52,20 @@ from gpt2.inference.sampling import SamplingParams, sample_next_token
 from gpt2.inference.structured import GrammarCompiler, structured_processor
 from gpt2.inference.text import TextAssembler
 from gpt2.model import GPT
-from gpt2.serve.batch import DecodeBatch
+from gpt2.serve.batch import ChunkedPrefill, DecodeBatch
 from gpt2.serve.prefix_cache import PrefixCache
 from gpt2.tokenizer.protocol import TextTokenizer
 
 logger = logging.getLogger(__name__)
 
 MAX_TOP_LOGPROBS = 20  # alternatives per token at most (OpenAI's chat limit)
-# Prompt tokens prefilled in one turn of the loop at most (beyond the first sequence admitted): running
-# sequences wait for the admissions of a turn, so a burst of long prompts joins over several turns.
-PREFILL_TOKENS_PER_TURN = 2048
+# Prompt tokens prefilled in one turn of the loop at most (the default of `prefill_chunk`). A decoding stream
+# waits for one turn's prefill between two tokens, so this bounds that stall; half of GPT-2's context, a
+# full-context prompt takes two turns. Prefill matmuls over 512 rows already run near their best speed (they are
+# compute-bound from a few hundred rows on), so the chunks cost little throughput; it is also llama.cpp's default
+# physical batch (n_ubatch). Smaller chunks stall less and add a turn (a decode step) per chunk.
+PREFILL_CHUNK = 512
+TIMELINE_TURNS = 1024  # the last turns `Engine.timeline` keeps (three integers each)
 SHUTTING_DOWN = "the server is shutting down"
 
 
@@ -142,6 +155,27 @@ class SequenceOutput:
 Sink = Callable[[SequenceOutput], None]
 
 
+@dataclass(frozen=True)
+class TurnRecord:
+    """What one turn of the engine's loop did (`Engine.timeline`): the scheduler's work in tokens, never in time."""
+
+    prefilled: int
+    """Prompt tokens fed through the model (cached prefixes not counted): at most `prefill_chunk`."""
+    running: int
+    """Rows decoding when the turn began."""
+    stepped: int
+    """Rows in the turn's decode step (0: none ran); those decoding before, and those that joined in the turn."""
+
+
+@dataclass(frozen=True)
+class _Admissions:
+    """What a turn takes from the queue (module docstring, step 1)."""
+
+    whole: list[_Sequence]  # prompts prefilled whole this turn (or none to prefill: nothing to generate)
+    chunked: _Sequence | None = None  # a prompt to prefill in chunks, starting this turn
+    first_chunk: int = 0  # its first chunk at most: what is left of the turn's budget
+
+
 class _Sequence:
     """The engine's state of one sequence."""
 
@@ -165,6 +199,8 @@ class _Sequence:
         self.pending = 0  # the last token drawn: fed to the model at the next step
         self.generated = 0
         self.text: TextAssembler | None = None
+        self.prefill: ChunkedPrefill | None = None  # while its prompt is prefilled in chunks
+        self.prompt_logprobs: list[TokenLogprob | None] = []  # scored chunk by chunk, when the request asks
         params = with_end_of_text(request.params, tokenizer)  # bad-word texts as ids, end-of-text a stop id
         self.stop_ids = frozenset(params.stop_token_ids)
         # The rules the offline decoder applies too (a ValueError here, e.g. a bias on an id past the vocabulary,
@@ -196,6 +232,9 @@ class Engine:
     """Continuous batching over one model (module docstring). Thread-safe: `submit` and `Ticket.cancel` may be
     called from any thread; the model is used by the engine's thread only.
 
+    `prefill_chunk` bounds the prompt tokens a turn prefills (PREFILL_CHUNK): longer prompts are prefilled over
+    several turns, each followed by a decode step of the running rows.
+
     >>> engine = Engine(model, tokenizer, max_batch=8, prefix_cache=PrefixCache(256 << 20))  # doctest: +SKIP
     >>> engine.start()                                                                       # doctest: +SKIP
     >>> ticket = engine.submit([SequenceRequest([464, 3290], SamplingParams(seed=0))], print)  # doctest: +SKIP
@@ -209,9 +248,12 @@ class Engine:
         max_batch: int = 16,
         max_queue: int = 64,
         prefix_cache: PrefixCache | None = None,
+        prefill_chunk: int = PREFILL_CHUNK,
     ) -> None:
-        if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
-            raise ValueError(f"max_queue must be an integer >= 1, got {max_queue!r}")
+        for name, value in (("max_queue", max_queue), ("prefill_chunk", prefill_chunk)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        self.prefill_chunk = prefill_chunk
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.block_size = model.config.block_size
@@ -222,6 +264,8 @@ class Engine:
         self.device = model.transformer.wte.weight.device
         self._batch = DecodeBatch(model, max_batch, prefix_cache=prefix_cache)
         self._rows: list[_Sequence] = []  # the active sequences, by row (engine thread only)
+        self._prefilling: _Sequence | None = None  # the one whose prompt is part-way prefilled (engine thread only)
+        self._timeline: collections.deque[TurnRecord] = collections.deque(maxlen=TIMELINE_TURNS)
         self._waiting: collections.deque[_Sequence] = collections.deque()
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -242,8 +286,14 @@ class Engine:
 
     @property
     def active(self) -> int:
-        """Sequences decoding now."""
-        return len(self._rows)
+        """Sequences that hold a row: decoding, or prefilling their prompt in chunks."""
+        return len(self._rows) + (self._prefilling is not None)
+
+    @property
+    def timeline(self) -> list[TurnRecord]:
+        """The last turns of the loop (TIMELINE_TURNS at most), oldest first: what each prefilled and stepped."""
+        with self._lock:
+            return list(self._timeline)
 
     @property
     def waiting(self) -> int:
@@ -337,74 +387,140 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._lock:
-                while not self._waiting and not self._rows and not self._closing:
+                while not self._waiting and not self.active and not self._closing:
                     self._lock.wait()
-                if self._aborting or (self._closing and not self._waiting and not self._rows):
+                if self._aborting or (self._closing and not self._waiting and not self.active):
                     break
-                admitted = self._take_admissions()
+                admissions = self._take_admissions()
             try:
-                self._turn(admitted)
+                self._turn(admissions)
             except Exception:  # a bug of ours: fail the sequences in hand, keep serving the others
                 logger.exception("engine step failed; ending the sequences in it")
-                self._fail([*admitted, *self._rows], EngineFailed("internal error while generating"))
-        self._fail(self._rows, EngineStopped(SHUTTING_DOWN))  # only after an abort: a drain leaves none
+                in_hand = [*admissions.whole, *self._in_flight(), *(s for s in [admissions.chunked] if s is not None)]
+                self._fail(in_hand, EngineFailed("internal error while generating"))
+        self._fail(self._in_flight(), EngineStopped(SHUTTING_DOWN))  # only after an abort: a drain leaves none
         self._abort_waiting()
 
-    def _take_admissions(self) -> list[_Sequence]:
-        """Waiting sequences for the free rows, up to the prefill budget (called with the lock held)."""
-        admitted: list[_Sequence] = []
-        free = self._batch.max_rows - len(self._rows)
-        budget = PREFILL_TOKENS_PER_TURN
-        while self._waiting and len(admitted) < free:
-            prompt_tokens = len(self._waiting[0].request.prompt)
-            if admitted and prompt_tokens > budget:
-                break
-            budget -= prompt_tokens
-            sequence = self._waiting.popleft()
-            sequence.status = SequenceStatus.RUNNING
-            admitted.append(sequence)
-        return admitted
+    def _in_flight(self) -> list[_Sequence]:
+        """The sequences holding a row: the decoding ones, and the one prefilling in chunks."""
+        return [*self._rows, *(s for s in [self._prefilling] if s is not None)]
 
-    def _turn(self, admitted: list[_Sequence]) -> None:
-        # plain sequences (no prompt scoring) admitted together share one batched prefill; a lone one joins alone
+    def _take_admissions(self) -> _Admissions:
+        """Waiting sequences for the free rows, within the turn's prefill budget (module docstring, step 1; called
+        with the lock held). A whole prompt is counted at its length, a bound on what it feeds."""
+        budget = self.prefill_chunk
+        if self._prefilling is not None:
+            assert self._prefilling.prefill is not None
+            budget -= min(budget, self._prefilling.prefill.remaining)  # its next chunk goes first
+        free = self._batch.max_rows - self.active
+        whole: list[_Sequence] = []
+        chunked = None
+        while self._waiting and len(whole) < free:
+            sequence = self._waiting[0]
+            cost = len(sequence.request.prompt) if self._prefills(sequence) else 0
+            if cost <= budget:
+                whole.append(sequence)
+                budget -= cost
+            elif self._prefilling is None and budget > 0:
+                chunked = sequence  # the rest of the budget is its first chunk
+            else:
+                break
+            self._waiting.popleft()
+            sequence.status = SequenceStatus.RUNNING
+            if chunked is not None:
+                break
+        return _Admissions(whole, chunked, budget if chunked is not None else 0)
+
+    @staticmethod
+    def _prefills(sequence: _Sequence) -> bool:
+        """Whether the sequence's prompt goes through the model: one with nothing to generate only if scored."""
+        return sequence.max_new > 0 or sequence.request.prompt_logprobs
+
+    def _turn(self, admissions: _Admissions) -> None:
         cancelled = SequenceStatus.CANCELLED
-        together = [
-            s for s in admitted if s.status is not cancelled and s.max_new > 0 and not s.request.prompt_logprobs
-        ]
-        if len(together) > 1:
-            self._admit_together(together)
-        batched = {id(sequence) for sequence in together} if len(together) > 1 else set()
-        for sequence in admitted:
+        running, prefilled_before, fed = len(self._rows), self._batch.prefilled, 0
+        part_way = self._prefilling
+        if part_way is not None:  # its next chunk first
+            assert part_way.prefill is not None
+            if part_way.status is cancelled:
+                self._finish(part_way, reason="cancelled")
+            else:
+                fed += self._feed(part_way, min(self.prefill_chunk, part_way.prefill.remaining))
+        # plain sequences (no prompt scoring) admitted together share one batched prefill; a lone one joins alone
+        plain = []
+        for sequence in admissions.whole:
             if sequence.status is cancelled:
                 self._finish(sequence, reason="cancelled")
-            elif id(sequence) not in batched:
-                self._admit(sequence)
+            elif not self._prefills(sequence):
+                self._finish(sequence, reason="length")  # nothing to generate, nothing to score
+            elif sequence.request.prompt_logprobs:  # scored chunk by chunk; whole, here, in one chunk
+                sequence.prefill = self._batch.start_prefill(sequence.request.prompt, all_logits=True)
+                fed += self._feed(sequence, sequence.prefill.remaining)
+            else:
+                plain.append(sequence)
+        if len(plain) > 1:
+            self._admit_together(plain)
+        elif plain:
+            self._admit(plain[0])
+        if admissions.chunked is not None:
+            fed += self._start_chunked(admissions.chunked, admissions.first_chunk)
         for sequence in [s for s in self._rows if s.status is cancelled]:
             self._finish(sequence, reason="cancelled")
-        if admitted and self._waiting and len(self._rows) < self._batch.max_rows:
-            return  # more arrived during these prefills: admit them before decoding (first tokens come first)
-        if self._rows:
+        fed += self._batch.prefilled - prefilled_before
+        stepped = 0
+        admitted = bool(admissions.whole) or admissions.chunked is not None
+        # with no row decoding before, more that arrived meanwhile are admitted before decoding (first tokens first)
+        hold = running == 0 and admitted and bool(self._waiting) and self.active < self._batch.max_rows
+        if self._rows and not hold:
             tokens = torch.tensor([sequence.pending for sequence in self._rows], dtype=torch.long)
             logits = self._batch.step(tokens)  # (B, V)
+            stepped = len(self._rows)
             self._sample(list(self._rows), logits)
+        with self._lock:
+            self._timeline.append(TurnRecord(prefilled=fed, running=running, stepped=stepped))
+
+    def _start_chunked(self, sequence: _Sequence, first_chunk: int) -> int:
+        """Begin prefilling a prompt in chunks (its cached prefix, if any, is copied in first); returns the tokens
+        fed this turn."""
+        if sequence.status is SequenceStatus.CANCELLED:
+            self._finish(sequence, reason="cancelled")
+            return 0
+        request = sequence.request
+        sequence.prefill = self._batch.start_prefill(request.prompt, all_logits=request.prompt_logprobs)
+        self._prefilling = sequence
+        return self._feed(sequence, min(first_chunk, sequence.prefill.remaining))
+
+    @torch.no_grad()
+    def _feed(self, sequence: _Sequence, tokens: int) -> int:
+        """Prefill the next `tokens` of a sequence's prompt outside the batch (scoring them, when asked). After
+        the last, the sequence joins the batch and draws its first token, or, with nothing to generate, ends with
+        its prompt's scores. Returns `tokens`."""
+        prefill, request = sequence.prefill, sequence.request
+        assert prefill is not None
+        start = prefill.done
+        logits = prefill.advance(tokens)  # (tokens, V) when scoring, else (1, V): the last position's
+        if request.prompt_logprobs:
+            sequence.prompt_logprobs += self._score(request.prompt, logits, start, request.logprobs or 0)
+        if prefill.remaining > 0:
+            return tokens
+        if sequence is self._prefilling:
+            self._prefilling = None
+        sequence.prefill = None  # its cache goes once the batch holds a copy
+        prompt_logprobs = sequence.prompt_logprobs if request.prompt_logprobs else None
+        if sequence.max_new == 0:
+            self._finish(sequence, reason="length", prompt_logprobs=prompt_logprobs)
+            return tokens
+        self._batch.join_prefilled(prefill)
+        self._seat(sequence)
+        self._sample([sequence], logits[-1:], prompt_logprobs=prompt_logprobs)
+        return tokens
 
     @torch.no_grad()
     def _admit(self, sequence: _Sequence) -> None:
-        """Prefill the prompt, then draw the first token (or, with nothing to generate, just score the prompt)."""
-        request = sequence.request
-        prompt = list(request.prompt)
-        if sequence.max_new == 0:
-            sequence.text = TextAssembler(self.tokenizer, request.params.stop)
-            prompt_logprobs = self._prompt_logprobs(prompt, request.logprobs or 0) if request.prompt_logprobs else None
-            self._finish(sequence, reason="length", prompt_logprobs=prompt_logprobs)
-            return
-        logits = self._batch.join(prompt, all_logits=request.prompt_logprobs)  # (V,) or (P, V)
+        """Prefill a plain prompt into its row, then draw the first token."""
+        logits = self._batch.join(sequence.request.prompt)  # (V,)
         self._seat(sequence)
-        prompt_logprobs = None
-        if request.prompt_logprobs:
-            prompt_logprobs = self._score(prompt, logits, request.logprobs or 0)
-            logits = logits[-1]
-        self._sample([sequence], logits.unsqueeze(0), prompt_logprobs=prompt_logprobs)
+        self._sample([sequence], logits.unsqueeze(0))
 
     @torch.no_grad()
     def _admit_together(self, sequences: list[_Sequence]) -> None:
@@ -420,18 +536,14 @@ class Engine:
         sequence.row = len(self._rows)
         self._rows.append(sequence)
 
-    def _prompt_logprobs(self, prompt: list[int], top: int) -> list[TokenLogprob | None]:
-        """Score a prompt that is not continued: one forward of its own, no cache."""
-        ids = torch.tensor([prompt], dtype=torch.long, device=self.device)  # (1, P)
-        logits = self.model.lm_head(self.model.hidden_states(ids, validate=False)[0])  # (P, V)
-        return self._score(prompt, logits, top)
-
-    def _score(self, prompt: list[int], logits: torch.Tensor, top: int) -> list[TokenLogprob | None]:
-        """Each prompt token's log-probability given the tokens before it; logits (P, V), row t predicts t + 1."""
-        logprobs = F.log_softmax(self._limit(logits.float()), dim=-1)  # (P, V)
-        scored: list[TokenLogprob | None] = [None]
-        for position, token in enumerate(prompt[1:]):
-            scored.append(self._token_logprob(logprobs[position], token, top))
+    def _score(self, prompt: Sequence[int], logits: torch.Tensor, start: int, top: int) -> list[TokenLogprob | None]:
+        """The log-probabilities of the prompt tokens that the logits (T, V) of positions [start, start + T)
+        predict, each given the tokens before it: row t scores token start + t + 1 (the first token, which nothing
+        predicts, gets None; the last position predicts past the prompt)."""
+        logprobs = F.log_softmax(self._limit(logits.float()), dim=-1)  # (T, V)
+        scored: list[TokenLogprob | None] = [None] if start == 0 else []
+        for row, token in enumerate(prompt[start + 1 : start + 1 + len(logprobs)]):
+            scored.append(self._token_logprob(logprobs[row], token, top))
         return scored
 
     def _limit(self, logits: torch.Tensor) -> torch.Tensor:
@@ -522,6 +634,9 @@ class Engine:
         if sequence.status is SequenceStatus.FINISHED:
             return
         sequence.status = SequenceStatus.FINISHED
+        if sequence is self._prefilling:
+            self._prefilling = None
+        sequence.prefill = None
         if sequence.row is not None and sequence in self._rows:
             moved = self._batch.leave(sequence.row)
             self._rows[sequence.row] = self._rows[-1]
@@ -571,6 +686,7 @@ class Engine:
         failed = list(sequences)
         self._rows.clear()
         self._batch.clear()
+        self._prefilling = None
         for sequence in failed:
             sequence.row = None
             self._finish(sequence, error=error)
