@@ -2,7 +2,8 @@
 
 Where each thing lives:
 
-- `batch`: the running batch over one shared KV cache: sequences join and leave at step boundaries;
+- `batch`: the running batch over one shared KV cache: sequences join and leave at step boundaries; a long
+  prompt is prefilled in chunks beside it (`ChunkedPrefill`) and joins when complete;
 - `prefix_cache`: earlier prompts' keys and values in blocks, reused by prompts that start with the same tokens;
 - `engine`: the thread that owns the model and decodes every running sequence in one batched step;
 - `protocol`: OpenAI's request bodies (checked) and response shapes; `chat`: chat messages read into the roles
