@@ -36,7 +36,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt2.runtime.device import cpu_has_amx
+from gpt2.runtime.device import cpu_prefers_bf16
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "cpu_decode.cpp"
 SWITCH_VARIABLE = "GPT2_NATIVE_KERNELS"  # 0: the PyTorch layouts only; 1: the kernels on any CPU
@@ -267,6 +267,7 @@ class NativeLinear(nn.Module):
 
 
 def many_rows_dtype() -> torch.dtype:
-    """The dtype of prefill matrix products over dequantized weights: bfloat16 where the CPU has AMX tiles for it
-    (several times float32's speed there), else float32 (AVX-512 or AVX2 multiply float32 fastest)."""
-    return torch.bfloat16 if cpu_has_amx() else torch.float32
+    """The dtype of prefill matrix products over dequantized weights: bfloat16 where the CPU multiplies it fast
+    (AMX tiles, or AMD's AVX512-BF16: about 3x float32's prompt tokens/s there, docs/benchmarks.md 2026-11-25),
+    else float32 (elsewhere bfloat16 products are emulated or slow)."""
+    return torch.bfloat16 if cpu_prefers_bf16() else torch.float32
