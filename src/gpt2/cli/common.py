@@ -18,7 +18,7 @@ DTYPE_HELP = (
     "inference precision (default float32: the logits of the trained model). bfloat16 / int8 / int4 store 2 / 1 /"
     " ~0.6 bytes a weight (int8 one scale per row, int4 groups of 32); on the native CPU kernels decode steps"
     " quantize activations to int16 blocks for int8/int4 and prefills multiply by the dequantized weights in"
-    " bfloat16 (AMX CPUs) or float32; float16 is GPU only"
+    " bfloat16 (CPUs with AMX or AMD AVX512-BF16) or float32; float16 is GPU only"
 )
 
 
