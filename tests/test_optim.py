@@ -303,9 +303,7 @@ def test_muon_resumes_exactly_after_sigkill(tmp_path):
     script = textwrap.dedent(f"""
         import os, signal
         import torch
-        import gpt2.train.pretrain as pretrain
-import gpt2.train.trainer as trainer
-from gpt2.train import train
+        from gpt2.train import train
         from gpt2.train.config import TrainConfig
         from gpt2.train.trainer import Trainer
 
