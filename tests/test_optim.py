@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import gpt2.train.optimizer as optimizer_module
 import gpt2.train.pretrain as pretrain
 import gpt2.train.trainer as trainer
 from gpt2.config import GPTConfig
@@ -242,9 +243,11 @@ def test_muon_trains_and_beats_adamw_on_the_same_steps(tmp_path):
 
 
 def test_muon_with_grad_accumulation_steps_on_the_mean_gradient_of_the_micro_batches():
-    # the same 4 rows as one batch, or as 2 micro-batches of 2 accumulated: the same Muon step
+    # the same 4 rows as one batch, or as 2 micro-batches of 2 accumulated: the same Muon step (float32
+    # Newton-Schulz, which auto picks on most CPUs: the comparison is at float32's tolerance)
     torch.manual_seed(0)
-    config = TrainConfig(optimizer="muon", n_layer=1, n_head=2, n_embd=32, block_size=16, weight_decay=0.1)
+    config = TrainConfig(optimizer="muon", n_layer=1, n_head=2, n_embd=32, block_size=16, weight_decay=0.1,
+                         muon_ns_dtype="float32")  # fmt: skip
     one = GPT(config.model_config(vocab_size=64))
     two = GPT(config.model_config(vocab_size=64))
     two.load_state_dict(one.state_dict())
@@ -276,6 +279,16 @@ def test_muon_with_grad_accumulation_steps_on_the_mean_gradient_of_the_micro_bat
 def test_muon_trains_under_each_training_setting(tmp_path, settings):
     result = train(tiny_config(tmp_path, optimizer="muon", max_steps=8, eval_interval=0, **settings))
     assert all(math.isfinite(loss) for loss in result.losses) and result.losses[-1] < result.losses[0]
+
+
+@pytest.mark.parametrize("fast_bfloat16", [True, False])
+def test_newton_schulz_runs_in_bfloat16_on_cpus_that_multiply_it_fast(fast_bfloat16, monkeypatch):
+    monkeypatch.setattr(optimizer_module, "cpu_prefers_bf16", lambda: fast_bfloat16)
+    config = TrainConfig(optimizer="muon")
+    optimizer = configure_optimizer(GPT(GPTConfig(vocab_size=64, block_size=8, n_layer=1, n_head=2, n_embd=16)),
+                                    config, CPU)  # fmt: skip
+    assert isinstance(optimizer, MuonAdamW)
+    assert optimizer.ns_dtype == (torch.bfloat16 if fast_bfloat16 else torch.float32)
 
 
 @pytest.mark.slow

@@ -14,8 +14,9 @@ X <- a X + (b A + c A^2) X with (a, b, c) = (3.4445, -4.7750, 2.0315); transpose
 torch.optim.Muon's algorithm (adjust_lr_fn "original"), computed differently: torch loops over the parameters in
 Python and always runs NS in bfloat16, which on a CPU without AMX is 50x slower than float32. Here every group
 of same-shaped matrices (a block's c_attn over all layers, ...) is stacked and orthogonalized by one chain of
-batched matmuls (`torch.baddbmm`), in float32 on a CPU and bfloat16 on CUDA (modded-nanogpt), optionally
-torch.compile'd; the momentum and the weight updates are `torch._foreach_*` calls.
+batched matmuls (`torch.baddbmm`), in bfloat16 on CUDA (modded-nanogpt) and on CPUs that multiply it fast, in
+float32 on other CPUs, optionally torch.compile'd; the momentum and the weight updates are `torch._foreach_*`
+calls.
 
 Sharded parameters (FSDP2 DTensors): NS needs the whole matrix, so each rank all-gathers the momentum-corrected
 update of every sharded matrix (`full_tensor`), orthogonalizes all of them (redundantly: the same result on every

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from gpt2.runtime.device import cpu_prefers_bf16
 from gpt2.train.config import TrainConfig
 from gpt2.train.muon import MuonAdamW
 from gpt2.train.schedule import schedule_at
@@ -59,8 +60,8 @@ def configure_optimizer(model: nn.Module, config: TrainConfig, device: torch.dev
         impl = "fused" if device.type in ("cuda", "cpu") else "foreach"
     if config.optimizer == "muon":
         ns_dtype = config.muon_ns_dtype
-        if ns_dtype == "auto":  # bf16 matmuls are fast on CUDA; on a CPU without AMX 50x slower than fp32
-            ns_dtype = "bfloat16" if device.type == "cuda" else "float32"
+        if ns_dtype == "auto":  # bf16 matmuls: fast on CUDA and on some CPUs, elsewhere far slower than fp32
+            ns_dtype = "bfloat16" if device.type == "cuda" or cpu_prefers_bf16() else "float32"
         return MuonAdamW(muon_parameter_groups(model, config), ns_dtype=getattr(torch, ns_dtype),
                          compile=config.muon_compile, adamw_impl=impl)  # fmt: skip
     options = {"fused": impl == "fused", "foreach": impl == "foreach"} if impl != "for-loop" else {"foreach": False}
