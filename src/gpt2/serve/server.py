@@ -9,8 +9,8 @@ interrupt).
 Threads. PyTorch's OpenMP gives every thread that runs a parallel op a team of worker threads, alive as long as
 that thread. The model is loaded and the app built (its engine allocates the KV cache) on a thread that then ends
 (`on_passing_thread`), so that the engine's thread is the only one left with workers. With a second team idle
-on the event loop's thread, every decode step of the engine ran slower: one streamed request decoded at 0.80-0.82
-of the speed of `LLM.stream` offline, against 0.94-0.95 without it (benchmarks/bench_serve_single.py, 2 cores).
+on the event loop's thread, every decode step of the engine ran slower: one streamed request decoded at 0.73-0.82
+of the speed of `LLM.stream` offline, against 0.94-0.97 without it (benchmarks/bench_serve_single.py, 2 cores).
 The likely cause: libgomp spins less for its workers when it manages more threads than there are cores, so they
 fall asleep between the step's parallel regions and must be woken for each.
 """
