@@ -41,6 +41,7 @@ from gpt2.config import GPTConfig
 from gpt2.inference.layouts import PRECISIONS, prepare_for_inference
 from gpt2.model import GPT
 from gpt2.serve import ServerConfig, uvicorn_server
+from gpt2.serve.server import on_passing_thread
 from gpt2.tokenizer import ByteTokenizer, load_tokenizer
 from gpt2.tokenizer.protocol import TextTokenizer
 
@@ -70,7 +71,8 @@ def running(llm: LLM, max_batch: int) -> Iterator[str]:
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     config = ServerConfig(model_name=MODEL, port=port, max_batch=max_batch, max_queue=256)
-    server = uvicorn_server(llm, config, log_level="warning")
+    # built on a thread that ends, as `gpt2 serve` does: the engine's is then the only thread with OpenMP workers
+    server = on_passing_thread(lambda: uvicorn_server(llm, config, log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs=dict(sockets=[sock]), daemon=True)
     thread.start()
     while not server.started:
@@ -187,7 +189,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the results here too")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    llm = build_llm(args.dtype)
+    llm = on_passing_thread(lambda: build_llm(args.dtype))  # as `gpt2 serve` loads (gpt2.serve.server)
     tokenizer = llm.tokenizer
     rng = random.Random(SEED)
     prompt_ids = [rng.randrange(256 if len(tokenizer) < 50000 else 50000) for _ in range(args.prompt_tokens)]

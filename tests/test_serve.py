@@ -1081,3 +1081,34 @@ def test_metrics_in_prometheus_format_move_as_requests_are_served(llm: LLM) -> N
     assert after["gpt2_time_to_first_token_seconds_count"] == 3 and after["gpt2_e2e_request_latency_seconds_count"] == 3
     assert after["gpt2_time_per_output_token_seconds_count"] >= 2 * 6 + 4  # every token after each first one
     assert after["gpt2_num_requests_running"] == after["gpt2_num_requests_waiting"] == 0
+
+
+def test_on_passing_thread_returns_what_the_function_computed_on_a_thread_that_has_ended() -> None:
+    from gpt2.serve.server import on_passing_thread
+
+    ran_on: list[threading.Thread] = []
+
+    def load() -> int:
+        ran_on.append(threading.current_thread())
+        return 42
+
+    assert on_passing_thread(load) == 42
+    assert ran_on[0] is not threading.current_thread()
+    assert not ran_on[0].is_alive()  # its OpenMP workers, if it made any, are gone with it
+
+
+def test_on_passing_thread_raises_the_functions_error_in_the_caller() -> None:
+    from gpt2.serve.server import on_passing_thread
+
+    def load() -> None:
+        raise FileNotFoundError("no model at does/not/exist")
+
+    with pytest.raises(FileNotFoundError, match="does/not/exist"):
+        on_passing_thread(load)
+
+
+def test_gpt2_serve_names_a_missing_model_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpt2.cli import main
+
+    assert main(["serve", "--model", "does/not/exist"]) != 0  # loaded on its own thread, the error still reaches here
+    assert "does/not/exist" in capsys.readouterr().err.strip()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from functools import partial
 from typing import Any
 
 from gpt2.api import LLM
@@ -93,6 +94,6 @@ def run(args: argparse.Namespace) -> int:
         from gpt2.serve.server import serve
     except ModuleNotFoundError as err:
         raise ValueError(f"gpt2 serve needs the package {err.name!r}: pip install 'gpt2-faithful[serve]'") from err
-    llm = LLM.load(args.model, tokenizer=args.tokenizer, device=args.device, precision=args.dtype)
-    serve(llm, config, log_level=args.log_level)
+    load = partial(LLM.load, args.model, tokenizer=args.tokenizer, device=args.device, precision=args.dtype)
+    serve(load, config, log_level=args.log_level)
     return 0

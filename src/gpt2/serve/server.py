@@ -5,19 +5,31 @@ to `drain_seconds` (streams included: the engine keeps decoding them), cancels w
 the app's shutdown stops the engine. uvicorn then raises the signal again for the previous handler; `serve`
 installs one that ignores it, so a drained SIGTERM ends `gpt2 serve` with status 0 (Ctrl-C still ends as an
 interrupt).
+
+Threads. PyTorch's OpenMP gives every thread that runs a parallel op a team of worker threads, alive as long as
+that thread. The model is loaded and the app built (its engine allocates the KV cache) on a thread that then ends
+(`on_passing_thread`), so that the engine's thread is the only one left with workers. With a second team idle
+on the event loop's thread, every decode step of the engine ran slower: one streamed request decoded at 0.73-0.82
+of the speed of `LLM.stream` offline, against 0.94-0.97 without it (benchmarks/bench_serve_single.py, 2 cores).
+The likely cause: libgomp spins less for its workers when it manages more threads than there are cores, so they
+fall asleep between the step's parallel regions and must be woken for each.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 from types import FrameType
+from typing import TypeVar
 
 import uvicorn
 
 from gpt2.api import LLM
 from gpt2.serve.app import create_app
 from gpt2.serve.config import ServerConfig
+
+T = TypeVar("T")
 
 
 def uvicorn_server(llm: LLM, config: ServerConfig, *, log_level: str = "info") -> uvicorn.Server:
@@ -35,9 +47,11 @@ def uvicorn_server(llm: LLM, config: ServerConfig, *, log_level: str = "info") -
     return uvicorn.Server(settings)
 
 
-def serve(llm: LLM, config: ServerConfig, *, log_level: str = "info") -> None:
-    """Serve `llm` until SIGTERM or Ctrl-C (what `gpt2 serve` calls)."""
-    server = uvicorn_server(llm, config, log_level=log_level)
+def serve(llm: LLM | Callable[[], LLM], config: ServerConfig, *, log_level: str = "info") -> None:
+    """Serve `llm` until SIGTERM or Ctrl-C. `llm` may be a function that loads it (what `gpt2 serve` passes):
+    it is then called on a thread that ends, like the building of the app (module docstring)."""
+    load = (lambda: llm) if isinstance(llm, LLM) else llm
+    server = on_passing_thread(lambda: uvicorn_server(load(), config, log_level=log_level))
     if threading.current_thread() is not threading.main_thread():  # no signals there: uvicorn installs none
         server.run()
         return
@@ -50,3 +64,27 @@ def serve(llm: LLM, config: ServerConfig, *, log_level: str = "info") -> None:
 
 def _drained(signum: int, frame: FrameType | None) -> None:
     """What uvicorn's re-raised SIGTERM reaches once the server has drained and stopped: nothing left to do."""
+
+
+def on_passing_thread(function: Callable[[], T]) -> T:
+    """`function()` computed on a new thread that ends with it; its exception, if any, is raised here. Its PyTorch
+    work leaves no OpenMP workers behind (module docstring).
+
+    >>> on_passing_thread(lambda: threading.current_thread() is threading.main_thread())
+    False
+    """
+    results: list[T] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            results.append(function())
+        except BaseException as error:  # handed to the caller, whatever it is
+            errors.append(error)
+
+    thread = threading.Thread(target=run, name="gpt2-serve-load", daemon=True)  # Ctrl-C meanwhile ends the process
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return results[0]
