@@ -9,11 +9,9 @@ Tiny random models with the byte tokenizer, as tests/test_serve.py and tests/tes
 
 from __future__ import annotations
 
-import argparse
 import math
 import random
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,11 +22,13 @@ from gpt2.api import LLM
 from gpt2.config import GPTConfig
 from gpt2.inference import SamplingParams
 from gpt2.model import GPT
-from gpt2.serve import DecodeBatch, Engine, SequenceOutput, SequenceRequest, ServerConfig
+from gpt2.serve import DecodeBatch, Engine, SequenceRequest, ServerConfig
 from gpt2.serve.batch import ChunkedPrefill
 from gpt2.serve.engine import PREFILL_CHUNK, TurnRecord
 from gpt2.serve.prefix_cache import BLOCK_TOKENS, PrefixCache
 from gpt2.tokenizer import ByteTokenizer
+from test_prefix_cache import greedy, run_engine
+from test_serve import Collector, StepGate, serve_parser, wait_until
 
 WAIT_SECONDS = 60  # an upper bound on waits for the engine, never a timing claim
 CONTEXT = 256
@@ -151,83 +151,11 @@ def test_a_chunked_prompt_must_hold_1_to_block_size_tokens(length: int) -> None:
 
 
 # ------------------------------------------------------------------------------------ the engine
-class Collector:
-    """A sink that gathers each sequence's outputs and says when all have ended."""
-
-    def __init__(self, count: int) -> None:
-        self.outputs: list[list[SequenceOutput]] = [[] for _ in range(count)]
-        self.done = threading.Event()
-        self._ended = 0
-        self._lock = threading.Lock()
-
-    def __call__(self, output: SequenceOutput) -> None:
-        with self._lock:
-            self.outputs[output.index].append(output)
-            if output.final:
-                self._ended += 1
-                if self._ended == len(self.outputs):
-                    self.done.set()
-
-    def tokens(self, index: int) -> list[int]:
-        return [token for output in self.outputs[index] for token in output.token_ids]
-
-    def logprobs(self, index: int) -> list[float]:
-        return [logprob.logprob for output in self.outputs[index] for logprob in output.logprobs]
-
-    def finish(self, index: int) -> SequenceOutput:
-        return self.outputs[index][-1]
-
-
-class StepGate:
-    """Holds each decode step until the test lets it through, and counts the steps that reached it (so the test
-    can act while the engine waits at a known turn)."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.permits = threading.Semaphore(0)
-        self.reached = 0
-        real_step = DecodeBatch.step
-
-        def gated_step(batch: DecodeBatch, tokens: torch.Tensor) -> torch.Tensor:
-            self.reached += 1
-            assert self.permits.acquire(timeout=WAIT_SECONDS), "the test never let this step through"
-            return real_step(batch, tokens)
-
-        monkeypatch.setattr(DecodeBatch, "step", gated_step)
-
-    def allow(self, steps: int) -> None:
-        self.permits.release(steps)
-
-    def open(self) -> None:
-        self.permits.release(1_000_000)
-
-
 @pytest.fixture
 def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[StepGate]:
     step_gate = StepGate(monkeypatch)
     yield step_gate
     step_gate.open()  # nothing stays blocked after the test
-
-
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    event = threading.Event()
-    for _ in range(WAIT_SECONDS * 100):
-        if condition():
-            return
-        event.wait(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def run_engine(engine: Engine, requests: list[SequenceRequest]) -> Collector:
-    """Submit the requests at once and wait for all of them."""
-    collector = Collector(len(requests))
-    engine.submit(requests, collector)
-    assert collector.done.wait(WAIT_SECONDS), "the engine did not finish"
-    return collector
-
-
-def greedy(prompt: list[int], max_tokens: int = 12) -> SequenceRequest:
-    """Greedy decoding, with each drawn token's log-probability (the logits, seen through the engine)."""
-    return SequenceRequest(prompt, SamplingParams(max_tokens=max_tokens, temperature=0), logprobs=0)
 
 
 def mixed_prompts() -> list[list[int]]:
@@ -380,14 +308,6 @@ def test_the_chunk_must_be_a_positive_number_of_tokens(value: Any) -> None:
         Engine(tiny_gpt(), ByteTokenizer(), prefill_chunk=value)
     with pytest.raises(ValueError, match=r"^prefill_chunk must be an integer >= 1, got "):
         ServerConfig(prefill_chunk=value)
-
-
-def serve_parser() -> argparse.ArgumentParser:
-    from gpt2.cli import serve as serve_command
-
-    parser = argparse.ArgumentParser()
-    serve_command.register(parser.add_subparsers())
-    return parser
 
 
 def test_gpt2_serve_prefill_chunk_sets_the_engines_chunk() -> None:

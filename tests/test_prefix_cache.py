@@ -8,9 +8,7 @@ Tiny random models with the byte tokenizer, as tests/test_serve.py builds them.
 
 from __future__ import annotations
 
-import argparse
 import random
-import threading
 from typing import Any
 
 import pytest
@@ -20,9 +18,10 @@ from gpt2.api import LLM
 from gpt2.config import GPTConfig
 from gpt2.inference import SamplingParams
 from gpt2.model import GPT
-from gpt2.serve import DecodeBatch, Engine, SequenceOutput, SequenceRequest, ServerConfig
+from gpt2.serve import DecodeBatch, Engine, SequenceRequest, ServerConfig
 from gpt2.serve.prefix_cache import BLOCK_TOKENS, PrefixCache
 from gpt2.tokenizer import ByteTokenizer
+from test_serve import Collector, serve_parser
 
 WAIT_SECONDS = 60  # an upper bound on waits for the engine, never a timing claim
 LONG_CONTEXT = 1024
@@ -183,28 +182,6 @@ def test_scoring_a_prompt_uses_no_cached_prefix_but_stores_its_blocks() -> None:
 
 
 # ------------------------------------------------------------------------------------ the engine
-class Collector:
-    """A sink that gathers each sequence's outputs and says when all have ended."""
-
-    def __init__(self, count: int) -> None:
-        self.outputs: list[list[SequenceOutput]] = [[] for _ in range(count)]
-        self.done = threading.Event()
-        self._ended = 0
-        self._lock = threading.Lock()
-
-    def __call__(self, output: SequenceOutput) -> None:
-        with self._lock:
-            self.outputs[output.index].append(output)
-            if output.final:
-                self._ended += 1
-                if self._ended == len(self.outputs):
-                    self.done.set()
-
-    def tokens(self, index: int) -> list[int]:
-        return [token for output in self.outputs[index] for token in output.token_ids]
-
-    def logprobs(self, index: int) -> list[float]:
-        return [logprob.logprob for output in self.outputs[index] for logprob in output.logprobs]
 
 
 def run_engine(engine: Engine, requests: list[SequenceRequest]) -> Collector:
@@ -323,14 +300,6 @@ def test_the_metrics_count_queried_and_reused_prompt_tokens() -> None:
     assert after["gpt2_prefix_cache_queries_total"] == 2 * len(header) + len("Hi?") + len("Why?")
     assert after["gpt2_prefix_cache_hits_total"] == 80
     assert after["gpt2_prefix_cache_bytes"] == 5 * BLOCK_BYTES and after["gpt2_prefix_cache_evictions_total"] == 0
-
-
-def serve_parser() -> argparse.ArgumentParser:
-    from gpt2.cli import serve as serve_command
-
-    parser = argparse.ArgumentParser()
-    serve_command.register(parser.add_subparsers())
-    return parser
 
 
 def test_gpt2_serve_caches_prefixes_by_default_and_no_prefix_cache_turns_it_off() -> None:

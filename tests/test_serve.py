@@ -9,6 +9,7 @@ catch the engine mid-request hold it before each decode step (`StepGate`), so no
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -154,14 +155,16 @@ def health(url: str) -> dict[str, Any]:
 
 class StepGate:
     """Holds the engine before each decode step until the test lets steps through, and records each step's
-    batch size (every DecodeBatch while the test runs)."""
+    batch size (every DecodeBatch while the test runs) and how many steps reached it."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.permits = threading.Semaphore(0)
         self.sizes: list[int] = []
+        self.reached = 0  # steps that reached the gate (let through or waiting)
         real_step = DecodeBatch.step
 
         def gated_step(batch: DecodeBatch, tokens: torch.Tensor) -> torch.Tensor:
+            self.reached += 1
             assert self.permits.acquire(timeout=WAIT_SECONDS), "the test never let this step through"
             self.sizes.append(batch.size)
             return real_step(batch, tokens)
@@ -290,6 +293,12 @@ class Collector:
 
     def text(self, index: int) -> str:
         return "".join(output.text for output in self.outputs[index])
+
+    def tokens(self, index: int) -> list[int]:
+        return [token for output in self.outputs[index] for token in output.token_ids]
+
+    def logprobs(self, index: int) -> list[float]:
+        return [logprob.logprob for output in self.outputs[index] for logprob in output.logprobs]
 
     def finish(self, index: int) -> SequenceOutput:
         return self.outputs[index][-1]
@@ -979,15 +988,18 @@ def test_sigterm_lets_the_stream_in_flight_finish_then_exits_0(tmp_path: Path) -
     assert chunks[-1]["usage"]["completion_tokens"] == 1000  # every token asked for, after the SIGTERM too
 
 
-def test_the_server_listens_on_loopback_unless_told_otherwise() -> None:
-    import argparse
-
+def serve_parser() -> argparse.ArgumentParser:
+    """The `gpt2 serve` command's own argument parser."""
     from gpt2.cli import serve as serve_command
 
     parser = argparse.ArgumentParser()
     serve_command.register(parser.add_subparsers())
+    return parser
+
+
+def test_the_server_listens_on_loopback_unless_told_otherwise() -> None:
     assert ServerConfig().host == "127.0.0.1"
-    assert parser.parse_args(["serve", "--model", "m"]).host == "127.0.0.1"
+    assert serve_parser().parse_args(["serve", "--model", "m"]).host == "127.0.0.1"
 
 
 def test_gpt2_serve_refuses_bad_settings_in_one_line_before_loading(capsys: pytest.CaptureFixture[str]) -> None:
