@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F
 
 from gpt2.api import LLM
-from gpt2.config import GPTConfig
 from gpt2.inference import SamplingParams
 from gpt2.model import GPT
 from gpt2.serve import DecodeBatch, Engine, SequenceRequest, ServerConfig
@@ -28,26 +27,17 @@ from gpt2.serve.engine import PREFILL_CHUNK, TurnRecord
 from gpt2.serve.prefix_cache import BLOCK_TOKENS, PrefixCache
 from gpt2.tokenizer import ByteTokenizer
 from test_prefix_cache import greedy, run_engine
+from test_prefix_cache import tiny_gpt as prefix_cache_model
 from test_serve import Collector, StepGate, serve_parser, wait_until
 
 WAIT_SECONDS = 60  # an upper bound on waits for the engine, never a timing claim
 CONTEXT = 256
 CHUNK = 32
-N_LAYER, N_HEAD, HEAD_SIZE = 2, 2, 16
 
 
 def tiny_gpt(block_size: int = CONTEXT, seed: int = 0) -> GPT:
-    torch.manual_seed(seed)
-    config = GPTConfig(
-        n_layer=N_LAYER, n_head=N_HEAD, n_embd=N_HEAD * HEAD_SIZE, vocab_size=ByteTokenizer.vocab_size,
-        block_size=block_size,
-    )  # fmt: skip
-    model = GPT(config)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.normal_(0, 0.3)  # peaked distributions: greedy text is not a run of ties
-        model.transformer.wte.weight[ByteTokenizer.eot_token].zero_()  # greedy text runs on past end-of-text
-    return model.eval()
+    """test_prefix_cache's model (peaked random weights, byte vocabulary) at this file's context."""
+    return prefix_cache_model(block_size, seed)
 
 
 def random_tokens(count: int, seed: int) -> list[int]:
