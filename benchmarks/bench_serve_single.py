@@ -24,80 +24,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import torch
 
+from common import SERVED_MODEL as MODEL
+from common import gpt2_serve_command, save_random_gpt2, served
 from gpt2.api import LLM
-from gpt2.config import GPTConfig
 from gpt2.inference.layouts import PRECISIONS
 from gpt2.inference.sampling import SamplingParams
-from gpt2.model import GPT
-from gpt2.tokenizer import load_tokenizer
-from gpt2.weights import save_pretrained
 
 SEED = 0
-MODEL = "gpt2-124m-random"
-SHARED_DATA = Path(os.environ.get("GPT2_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 END_OF_TEXT = 50256
 NO_END_OF_TEXT = -100.0  # its logit bias: random weights could draw it, and every request must run max_tokens
 TEMPERATURE, TOP_K = 0.8, 50
-
-
-def save_model(directory: Path) -> None:
-    """A random 124M-shape GPT-2 and the GPT-2 tokenizer, as `gpt2 serve --model directory` reads them."""
-    bpe = SHARED_DATA / "gpt2-bpe"
-    if not (bpe / "encoder.json").exists():
-        raise FileNotFoundError(f"no GPT-2 tokenizer files in {bpe}; set GPT2_SHARED_DATA to the shared data folder")
-    torch.manual_seed(SEED)
-    save_pretrained(GPT(GPTConfig.from_name("gpt2")), directory)
-    load_tokenizer(bpe).save(directory)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextmanager
-def served(directory: Path, dtype: str, threads: int) -> Iterator[str]:
-    """`gpt2 serve` on the model in a process of its own; yields its URL once it answers."""
-    port = free_port()
-    command = [sys.executable, "-m", "gpt2.cli", "serve", "--model", str(directory), "--dtype", dtype]
-    command += ["--port", str(port), "--served-model-name", MODEL, "--log-level", "warning"]
-    env = os.environ | {"OMP_NUM_THREADS": str(threads)}
-    process = subprocess.Popen(command, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"gpt2 serve exited with status {process.returncode}")
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("gpt2 serve did not answer within 300 s")
-            time.sleep(0.2)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(60)
 
 
 def offline_seconds(llm: LLM, prompt: list[int], max_tokens: int) -> float:
@@ -155,9 +101,10 @@ def main() -> None:
     n = args.max_tokens
     with tempfile.TemporaryDirectory() as folder:
         directory = Path(folder) / "model"
-        save_model(directory)
+        save_random_gpt2(directory, SEED)
         llm = LLM.load(directory, device="cpu", precision=args.dtype)
-        with served(directory, args.dtype, args.threads) as url, httpx.Client(base_url=url, timeout=600) as http:
+        command = gpt2_serve_command(directory, args.dtype)
+        with served(command, args.threads) as url, httpx.Client(base_url=url, timeout=600) as http:
             offline_seconds(llm, prompts[-1], 4)  # warm-up: first-call costs out of the figures
             served_times(http, prompts[-1], 4)
             offline_first, offline_decode, served_first, served_decode = [], [], [], []

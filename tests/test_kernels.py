@@ -296,7 +296,7 @@ def test_server_batch_steps_natively_and_agrees_with_the_model() -> None:
 @pytest.mark.parametrize(
     ("precision", "layer", "dtype"),
     [
-        ("float32", torch.nn.Linear, torch.float32),
+        ("float32", layouts.OneDNNLinear, torch.float32),
         ("bfloat16", NativeLinear, torch.bfloat16),
         ("int8", NativeLinear, torch.bfloat16),
         ("int4", NativeLinear, torch.bfloat16),
@@ -307,6 +307,30 @@ def test_prepare_for_inference_uses_the_native_forms(precision: str, layer: type
     assert type(model.transformer.h[0].mlp.c_fc) is layer and type(model.lm_head) is layer
     assert model.transformer.wte.weight.dtype == dtype
     assert native_decoder(model) is not None
+
+
+def test_float32_prompts_multiply_in_onednn_with_the_models_own_weights_and_logits() -> None:
+    """OneDNNLinear: oneDNN's float32 product in place of F.linear's BLAS (faster on AMD CPUs), same arithmetic
+    up to the order of the sums, sharing the weights (the LM head stays tied to the embedding)."""
+    plain = random_gpt(vocab_size=512)
+    prepared = prepare_for_inference(copy.deepcopy(plain), "float32")
+    assert prepared.lm_head.weight is prepared.transformer.wte.weight
+    assert sum(p.numel() for p in prepared.parameters()) == sum(p.numel() for p in plain.parameters())
+    tokens = torch.randint(0, 512, (2, 48), generator=torch.Generator().manual_seed(SEED))
+    with torch.no_grad():
+        torch.testing.assert_close(prepared(tokens).logits, plain(tokens).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_onednn_layer_takes_nn_linears_path_where_gradients_are_needed() -> None:
+    torch.manual_seed(SEED)
+    linear = torch.nn.Linear(64, 96)
+    onednn = layouts.OneDNNLinear.from_linear(linear)
+    x = torch.randn(5, 64, requires_grad=True)
+    onednn(x).sum().backward()
+    assert x.grad is not None and linear.weight.grad is not None  # F.linear ran, under autograd
+    torch.testing.assert_close(x.grad, linear.weight.sum(0).expand(5, 64))
+    with torch.no_grad():
+        torch.testing.assert_close(onednn(x), F.linear(x, linear.weight, linear.bias), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize(

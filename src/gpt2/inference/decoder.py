@@ -2,7 +2,7 @@
 call to the C++ decoder of gpt2.inference.kernels, reading the model's own weights.
 
 `native_decoder(model)` gives a `NativeDecoder` for a CPU model in eval mode whose linear layers it can read
-(plain nn.Linear in float32 or bfloat16, and `NativeLinear`), or None (a GPU, training mode, LoRA
+(plain nn.Linear or `OneDNNLinear` in float32 or bfloat16, and `NativeLinear`), or None (a GPU, training mode, LoRA
 wrappers, the PyTorch-only layouts, no kernels on this machine): callers then run `model(...)` as before.
 
 `step` computes what `model(tokens (B, 1), kv_cache=cache, position_ids=..., attention_mask=...)` computes for
@@ -19,6 +19,7 @@ import torch
 import torch.nn as nn
 
 from gpt2.inference.kernels import BLOCK, KIND, NativeLinear, native_ops, use_native_kernels
+from gpt2.inference.layouts import OneDNNLinear
 
 if TYPE_CHECKING:
     from gpt2.model import GPT, Block, KVCache
@@ -98,8 +99,9 @@ def _linear_spec(module: nn.Module) -> LinearSpec | None:
     """What the C++ decoder needs of one linear layer, or None for a layer it cannot read."""
     if isinstance(module, NativeLinear):
         return module.weight_packed, module.scale, module.bias, module.kind, module.out_features
-    if type(module) is not nn.Linear or module.weight.dtype not in (torch.float32, torch.bfloat16):
-        return None  # subclasses and wrappers (LoRA, the split and torch int8/int4 layouts) keep the PyTorch path
+    plain = type(module) in (nn.Linear, OneDNNLinear)  # the weight as nn.Linear holds it
+    if not isinstance(module, nn.Linear) or not plain or module.weight.dtype not in (torch.float32, torch.bfloat16):
+        return None  # other subclasses and wrappers (LoRA, the split and int8/int4 layouts) keep the PyTorch path
     weight = module.weight.detach()
     if not weight.is_contiguous():
         return None

@@ -6,9 +6,10 @@ decodes at memory-bandwidth speed, and two things set the pace: how fast the ker
 many bytes each weight takes.
 
 `prepare_for_inference(model, precision)` picks the fastest correct form. Where the native kernels build
-(gpt2.inference.kernels; a C++ compiler is all they need), float32 keeps plain nn.Linear layers, bfloat16, int8
-and int4 become `NativeLinear`, and decode steps run in the native decoder (gpt2.inference.decoder). Elsewhere it
-falls back to these PyTorch layouts, which compute the same thing more slowly:
+(gpt2.inference.kernels; a C++ compiler is all they need), float32 layers become `OneDNNLinear` (nn.Linear whose
+products of many rows, prompts, run in oneDNN), bfloat16, int8 and int4 become `NativeLinear`, and decode steps run
+in the native decoder (gpt2.inference.decoder). Elsewhere it falls back to these PyTorch layouts, which compute the
+same thing more slowly:
 
 - `SplitLinear` (fp32, `optimize_for_inference(model)`): a one-row input turns each layer into a matrix-vector
   product, which torch's CPU BLAS may run on a single core. Storing W^T as `parts` column blocks (parts, in,
@@ -46,6 +47,31 @@ INT4_INNER_K_TILES = 2  # the packing's tile parameter (any of 2, 4, 8 on CPU: s
 INT4_K_MULTIPLE = 16 * INT4_INNER_K_TILES  # the kernel's tile over the input dimension
 INT4_N_MULTIPLE = 16  # ... and over the output dimension
 M = TypeVar("M", bound=nn.Module)
+
+
+class OneDNNLinear(nn.Linear):
+    """nn.Linear whose float32 products on the CPU run in oneDNN (PyTorch's mkldnn backend) instead of the BLAS
+    behind F.linear (MKL). MKL runs its AVX2 code on AMD CPUs; oneDNN uses AVX-512 there: 2.2-2.3x the speed of a
+    prompt's products (64-1024 rows) and 1.8x at 1 row on a Zen 5 (docs/benchmarks.md 2026-11-25). The same float32
+    arithmetic in another summation order (logits within 1e-4 of transformers', tested). Shares the weight and
+    bias of the layer it replaces, so a tied LM head stays tied. Autograd and other dtypes take nn.Linear's path."""
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> OneDNNLinear:
+        layer = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
+        layer.weight, layer.bias = linear.weight, linear.bias
+        return layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        needs_grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+        if x.dtype != torch.float32 or self.weight.dtype != torch.float32 or x.device.type != "cpu" or needs_grad:
+            return super().forward(x)
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+
+
+def onednn_available() -> bool:
+    """PyTorch has its oneDNN backend and the linear op OneDNNLinear calls (a private op Inductor uses)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
 class Int8Linear(nn.Module):
@@ -288,6 +314,8 @@ def prepare_for_inference(model: M, precision: str = "float32") -> M:
     elif precision == "float32":
         if not native:
             optimize_for_inference(model)  # same logits; all cores stream the weights
+        elif onednn_available():
+            _replace_linears(model, OneDNNLinear.from_linear)  # decode steps still run in the native decoder
     else:
         model.to(torch.bfloat16 if precision == "bfloat16" else torch.float16)
     return model
