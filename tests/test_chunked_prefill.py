@@ -195,6 +195,23 @@ def test_the_engine_gives_the_same_greedy_tokens_and_logprobs_chunked_and_unchun
     assert (reused > 0) == prefix_cache  # a prompt reused the shared header, prefilled in chunks before it
 
 
+def test_a_long_prompt_whose_prefix_is_cached_is_budgeted_at_the_tokens_it_feeds() -> None:
+    """A chat's next turn: longer than a chunk, but all of it cached except the new tokens, so it is admitted whole,
+    prefilled into its row (no chunks outside the batch), with a short prompt that arrived beside it."""
+    engine = Engine(tiny_gpt(), ByteTokenizer(), max_batch=2, prefill_chunk=CHUNK, prefix_cache=PrefixCache(1 << 24))
+    turn = random_tokens(3 * CHUNK, seed=20)
+    try:
+        run_engine(engine, [greedy(turn, max_tokens=1)])  # in 3 chunks: 96 > 32 tokens
+        before = len(engine.timeline)
+        next_turn = [*turn, *random_tokens(10, seed=21)]  # 106 tokens, the first 6 blocks cached
+        run_engine(engine, [greedy(next_turn, max_tokens=1), greedy(random_tokens(8, seed=22), max_tokens=1)])
+    finally:
+        engine.stop()
+    assert [record.prefilled for record in engine.timeline[:before] if record.prefilled] == [CHUNK] * 3
+    fed = 106 - 6 * BLOCK_TOKENS
+    assert [record.prefilled for record in engine.timeline[before:] if record.prefilled] == [fed + 8]  # one turn
+
+
 def test_a_long_prompt_arriving_while_8_streams_decode_stalls_each_by_one_chunk_at_most(gate: StepGate) -> None:
     engine = Engine(tiny_gpt(), ByteTokenizer(), max_batch=9, prefill_chunk=CHUNK)
     long = random_tokens(200, seed=15)

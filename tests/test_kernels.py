@@ -17,7 +17,7 @@ import gpt2.inference.kernels as kernels
 import gpt2.inference.layouts as layouts
 from gpt2.config import GPTConfig
 from gpt2.inference import Int4Linear, Int8Linear, SplitLinear, prepare_for_inference, stream
-from gpt2.inference.decoder import native_decoder
+from gpt2.inference.decoder import FLOAT32_MAX_ROWS, native_decoder
 from gpt2.inference.generation import DecodeOptions, left_pad
 from gpt2.inference.kernels import (
     KIND,
@@ -319,6 +319,16 @@ def test_float32_prompts_multiply_in_onednn_with_the_models_own_weights_and_logi
     tokens = torch.randint(0, 512, (2, 48), generator=torch.Generator().manual_seed(SEED))
     with torch.no_grad():
         torch.testing.assert_close(prepared(tokens).logits, plain(tokens).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_float32_steps_of_many_rows_run_the_model_and_of_few_rows_the_native_decoder() -> None:
+    """Past FLOAT32_MAX_ROWS rows oneDNN's products (the weights read once for all rows) beat the native float32
+    product (read again every 4 rows); the packed formats read them once either way and always step natively."""
+    float32 = native_decoder(prepare_for_inference(random_gpt(), "float32"))
+    int8 = native_decoder(prepare_for_inference(random_gpt(), "int8"))
+    assert float32 is not None and int8 is not None
+    assert float32.takes(FLOAT32_MAX_ROWS) and not float32.takes(FLOAT32_MAX_ROWS + 1)
+    assert int8.takes(64)
 
 
 def test_onednn_layer_takes_nn_linears_path_where_gradients_are_needed() -> None:

@@ -70,7 +70,8 @@ def test_a_prompt_finds_its_longest_cached_prefix_in_whole_blocks() -> None:
     assert len(cache) == 2 and cache.bytes == 2 * BLOCK_BYTES  # the 8 tokens past the last full block are not kept
     found = cache.lookup([*tokens, 99])
     assert found.length == 32
-    cached_k, cached_v = found.keys_values(20)  # a prefix of the prefix: what join_many reuses
+    cached_k, cached_v = torch.zeros_like(k[:, :, :20]), torch.zeros_like(v[:, :, :20])
+    found.copy_into(cached_k, cached_v)  # a prefix of the prefix: what join_many reuses
     torch.testing.assert_close(cached_k, k[:, :, :20], rtol=0, atol=0)
     torch.testing.assert_close(cached_v, v[:, :, :20], rtol=0, atol=0)
     assert cache.lookup([*range(20), 0, *range(21, 40)]).length == 16  # differs in block 1

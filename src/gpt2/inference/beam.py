@@ -116,6 +116,8 @@ def beam_search(
     logits = first.float().repeat_interleave(K, dim=0)  # (B * K, V)
     positions = mask[:, :T].sum(dim=1) if mask is not None else None  # (B * K,): the next position of each row
     decoder = native_decoder(model) if options.native is not False else None
+    if options.native is None and decoder is not None and not decoder.takes(B * K):
+        decoder = None  # this many rows step faster through the model (FLOAT32_MAX_ROWS)
 
     V = logits.size(-1)
     keep = max(2, 1 + len(stop_ids)) * K  # candidates kept per prompt, so K can go on when some end

@@ -25,12 +25,19 @@ if TYPE_CHECKING:
     from gpt2.model import GPT, Block, KVCache
 
 LinearSpec = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, int, int]  # weight, scale, bias, kind, out
+FLOAT32_MAX_ROWS = 8
+"""Steps of more rows than this run faster through the model when its float32 layers are `OneDNNLinear`: oneDNN's
+products read each weight once for all rows, the native float32 product once every 4 rows (the 124M model on the
+2-core AMD VM: 16 rows 31 vs 39 ms a step, equal at 8; docs/benchmarks.md 2026-11-25)."""
 
 
 class NativeDecoder:
     """The C++ decoder holding references to a model's weights (no copies but float32 LayerNorm parameters)."""
 
-    def __init__(self, model: GPT, linears: list[LinearSpec], *, library: str = "gpt2") -> None:
+    def __init__(
+        self, model: GPT, linears: list[LinearSpec], *, library: str = "gpt2", max_rows: int | None = None
+    ) -> None:
+        self.max_rows = max_rows  # None: every step is fastest here
         config = model.config
         transformer = model.transformer
         norms: list[torch.Tensor] = []
@@ -52,6 +59,10 @@ class NativeDecoder:
             kinds,
             outs,
         )
+
+    def takes(self, rows: int) -> bool:
+        """Whether a step of `rows` rows is fastest here; callers that may choose run the model otherwise."""
+        return self.max_rows is None or rows <= self.max_rows
 
     @torch.no_grad()
     def step(
@@ -92,7 +103,8 @@ def native_decoder(model: GPT, *, library: str = "gpt2") -> NativeDecoder | None
     linears = [_linear_spec(module) for module in modules]
     if any(spec is None for spec in linears):
         return None
-    return NativeDecoder(model, [spec for spec in linears if spec is not None], library=library)
+    max_rows = FLOAT32_MAX_ROWS if any(isinstance(module, OneDNNLinear) for module in modules) else None
+    return NativeDecoder(model, [spec for spec in linears if spec is not None], library=library, max_rows=max_rows)
 
 
 def _linear_spec(module: nn.Module) -> LinearSpec | None:

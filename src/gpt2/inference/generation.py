@@ -215,6 +215,8 @@ def stream(
             "native decoding cannot run this model (it needs a CPU model in eval mode with float32/bfloat16 "
             "nn.Linear or NativeLinear layers, and the native kernels built); pass native=None or False"
         )
+    if options.native is None and decoder is not None and not decoder.takes(B):
+        decoder = None  # this many rows step faster through the model (FLOAT32_MAX_ROWS)
 
     # prefill: the whole prompt (at most block_size columns) in one pass
     logits = prefill(model, tokens, mask, start=0, end=T, cache=cache)

@@ -110,10 +110,8 @@ class DecodeBatch:
         r = max(P - prefix.length for P, prefix in zip(lengths, cached, strict=True))  # tokens each row feeds
         reused = [max(P - r, 0) for P in lengths]  # <= each prefix's length, as P - r <= P - (P - length)
         for row, (P, prefix, count) in enumerate(zip(lengths, cached, reused, strict=True), start=first):
-            if count > 0:
-                k, v = prefix.keys_values(count)  # (n_layer, nh, count, hs)
-                self._k[:, row, :, L - P : L - P + count] = k
-                self._v[:, row, :, L - P : L - P + count] = v
+            if count > 0:  # into the row's columns, (n_layer, nh, count, hs)
+                prefix.copy_into(self._k[:, row, :, L - P : L - P + count], self._v[:, row, :, L - P : L - P + count])
         ids = torch.zeros(n, r, dtype=torch.long, device=self._k.device)  # (n, r), left-padded
         for i, (prompt, count) in enumerate(zip(prompts, reused, strict=True)):
             ids[i, r - (lengths[i] - count) :] = torch.tensor(list(prompt[count:]), dtype=torch.long)
@@ -167,7 +165,7 @@ class DecodeBatch:
         cache = KVCache(self._k[:, :B], self._v[:, :B], length=L)
         # no padding at all (one row, or rows of equal length): the plain causal path, as a lone sequence
         key_mask = None if bool(mask.all()) else mask
-        if self.decoder is not None:
+        if self.decoder is not None and self.decoder.takes(B):
             logits = self.decoder.step(tokens, cache, positions=self._lengths[:B], key_mask=key_mask)  # (B, V)
         else:
             logits = self.model(
@@ -283,10 +281,8 @@ class ChunkedPrefill:
         self.prefix_cache = prefix_cache
         self._cache = model.new_kv_cache(1, max_len=P)  # its length: the tokens whose keys and values are in
         prefix = reusable_prefix(prefix_cache, prompt, all_logits=all_logits)
-        if prefix.length > 0:
-            k, v = prefix.keys_values(prefix.length)  # (n_layer, nh, length, hs)
-            self._cache.k[:, 0, :, : prefix.length] = k
-            self._cache.v[:, 0, :, : prefix.length] = v
+        if prefix.length > 0:  # (n_layer, nh, length, hs)
+            prefix.copy_into(self._cache.k[:, 0, :, : prefix.length], self._cache.v[:, 0, :, : prefix.length])
             self._cache.length = prefix.length
         if prefix_cache is not None and not all_logits:  # a scored prompt is not looked up
             prefix_cache.record(queried=P, reused=prefix.length)

@@ -4,7 +4,8 @@ Each turn of its loop:
 
 1. prefill at most `prefill_chunk` prompt tokens (chunked prefill, as vLLM's token budget per step and
    llama-server's batch size bound theirs): first the next chunk of the prompt that is part-way prefilled, if
-   any; then waiting sequences, while rows are free, whose prompts fit what is left whole, each prefilled into
+   any; then waiting sequences, while rows are free, whose prompts fit what is left whole (counted at the tokens
+   they feed: a prompt's length less the prefix the prefix cache holds of it), each prefilled into
    its row of the shared KV cache (gpt2.serve.batch; several in one batched prefill) to draw its first token from
    the prefill's logits; then, when no prompt is part-way, the next one, with what is left as its first chunk. A
    part-way prompt is prefilled outside the batch, a chunk per turn, and joins when its last chunk is in. So a
@@ -52,7 +53,7 @@ from gpt2.inference.sampling import SamplingParams, sample_next_token
 from gpt2.inference.structured import GrammarCompiler, structured_processor
 from gpt2.inference.text import TextAssembler
 from gpt2.model import GPT
-from gpt2.serve.batch import ChunkedPrefill, DecodeBatch
+from gpt2.serve.batch import ChunkedPrefill, DecodeBatch, reusable_prefix
 from gpt2.serve.prefix_cache import PrefixCache
 from gpt2.tokenizer.protocol import TextTokenizer
 
@@ -407,7 +408,7 @@ class Engine:
 
     def _take_admissions(self) -> _Admissions:
         """Waiting sequences for the free rows, within the turn's prefill budget (module docstring, step 1; called
-        with the lock held). A whole prompt is counted at its length, a bound on what it feeds."""
+        with the lock held). A whole prompt is counted at the tokens it feeds (`_prefill_cost`)."""
         budget = self.prefill_chunk
         if self._prefilling is not None:
             assert self._prefilling.prefill is not None
@@ -417,7 +418,7 @@ class Engine:
         chunked = None
         while self._waiting and len(whole) < free:
             sequence = self._waiting[0]
-            cost = len(sequence.request.prompt) if self._prefills(sequence) else 0
+            cost = self._prefill_cost(sequence)
             if cost <= budget:
                 whole.append(sequence)
                 budget -= cost
@@ -430,6 +431,17 @@ class Engine:
             if chunked is not None:
                 break
         return _Admissions(whole, chunked, budget if chunked is not None else 0)
+
+    def _prefill_cost(self, sequence: _Sequence) -> int:
+        """The prompt tokens a sequence will prefill: none when it goes nowhere, its length less its cached prefix
+        (looked up now; a chat's 10th turn feeds ~80 tokens of its ~800, so it is prefilled whole in its row, not in
+        chunks outside the batch and copied in). If other prompts evict that prefix before it joins, it feeds more
+        that turn, at most its length."""
+        if not self._prefills(sequence):
+            return 0
+        prompt = sequence.request.prompt
+        prefix = reusable_prefix(self._batch.prefix_cache, prompt, all_logits=bool(sequence.request.prompt_logprobs))
+        return len(prompt) - prefix.length
 
     @staticmethod
     def _prefills(sequence: _Sequence) -> bool:

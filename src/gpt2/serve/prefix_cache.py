@@ -56,13 +56,15 @@ class CachedPrefix:
     def length(self) -> int:
         return len(self.blocks) * self.block_tokens
 
-    def keys_values(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of the first `tokens` (<= length) tokens, each (n_layer, nh, tokens, hs)."""
+    def copy_into(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write the K and V of the first `tokens` (<= length) tokens into k and v, each (n_layer, nh, tokens, hs),
+        block by block: no concatenated copy in between (at 700 tokens of the 124M model one costs ~10 ms)."""
+        tokens = k.shape[2]
         assert 0 < tokens <= self.length, f"{tokens} tokens asked of a cached prefix of {self.length}"
-        used = self.blocks[: -(-tokens // self.block_tokens)]  # the blocks that hold them
-        k = torch.cat([block.k for block in used], dim=2)[:, :, :tokens]
-        v = torch.cat([block.v for block in used], dim=2)[:, :, :tokens]
-        return k, v
+        for start, block in zip(range(0, tokens, self.block_tokens), self.blocks, strict=False):
+            end = min(start + self.block_tokens, tokens)
+            k[:, :, start:end] = block.k[:, :, : end - start]
+            v[:, :, start:end] = block.v[:, :, : end - start]
 
 
 class PrefixCache:
