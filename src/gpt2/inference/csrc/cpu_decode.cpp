@@ -171,23 +171,24 @@ struct Output {
   }
 };
 
-// F32 and BF16: row-major weights (W = float or the bfloat16 bits as uint16_t), 4 rows at a time, a
-// horizontal sum per row at the end. xf: the activations (F32); xb: the activations rounded to bfloat16 (BF16).
-template <typename W>
+// F32 and BF16: row-major weights (W = float or the bfloat16 bits as uint16_t), R rows at a time against NR
+// activation rows, a horizontal sum per row at the end. xf: the activations (F32); xb: the activations rounded to
+// bfloat16 (BF16). One activation row (a lone decode step) takes 8 weight rows a block: twice the loads in flight
+// per horizontal sum, which GPT-2's 768-wide rows (48 vectors) need to stream at full speed.
+template <typename W, int64_t R = 4, int64_t NR = MAX_ROWS>
 static void rowmajor_product(const W* w, const float* xf, const uint16_t* xb, int64_t N, int64_t K, int64_t O,
                              const Output& out) {
-  constexpr int64_t R = 4;  // weight rows per block
   at::parallel_for(0, (O + R - 1) / R, 1, [&](int64_t begin, int64_t end) {
     for (int64_t block = begin; block < end; block++) {
       const int64_t o0 = block * R, rows = std::min(R, O - o0);
-      for (int64_t n0 = 0; n0 < N; n0 += MAX_ROWS) {
-        const int64_t ns = std::min(MAX_ROWS, N - n0);
-        float sums[R][MAX_ROWS] = {};
+      for (int64_t n0 = 0; n0 < N; n0 += NR) {
+        const int64_t ns = std::min(NR, N - n0);
+        float sums[R][NR] = {};
 #ifdef GPT2_AVX512
         if (rows == R) {
-          __m512 acc[R][MAX_ROWS];
+          __m512 acc[R][NR];
           for (int64_t r = 0; r < R; r++)
-            for (int64_t n = 0; n < MAX_ROWS; n++) acc[r][n] = _mm512_setzero_ps();
+            for (int64_t n = 0; n < NR; n++) acc[r][n] = _mm512_setzero_ps();
           if constexpr (std::is_same_v<W, float>) {
             for (int64_t k = 0; k < K; k += 16) {
               __m512 wv[R];
@@ -369,11 +370,21 @@ struct Linear {
   void apply(const float* x, int64_t N, const Output& out) const {
     const int64_t K = in_features, O = out_features;
     if (kind == F32) {
-      rowmajor_product(weight.data_ptr<float>(), x, nullptr, N, K, O, out);
+      const float* w = weight.data_ptr<float>();
+      if (N == 1) {
+        rowmajor_product<float, 8, 1>(w, x, nullptr, N, K, O, out);
+      } else {
+        rowmajor_product(w, x, nullptr, N, K, O, out);
+      }
     } else if (kind == BF16) {
       std::vector<uint16_t> xb(N * K);
       for (int64_t i = 0; i < N * K; i++) xb[i] = float_to_bf16(x[i]);
-      rowmajor_product(reinterpret_cast<const uint16_t*>(weight.data_ptr()), nullptr, xb.data(), N, K, O, out);
+      const auto* w = reinterpret_cast<const uint16_t*>(weight.data_ptr());
+      if (N == 1) {
+        rowmajor_product<uint16_t, 8, 1>(w, nullptr, xb.data(), N, K, O, out);
+      } else {
+        rowmajor_product(w, nullptr, xb.data(), N, K, O, out);
+      }
     } else {
       const QuantizedRows xq = quantize_rows(x, N, K);
       const auto* w = reinterpret_cast<const uint8_t*>(weight.data_ptr());
