@@ -36,6 +36,7 @@ from typing import Any
 import httpx
 import torch
 
+from common import percentile
 from gpt2.api import LLM
 from gpt2.config import GPTConfig
 from gpt2.inference.layouts import PRECISIONS, prepare_for_inference
@@ -149,14 +150,6 @@ def run_clients(url: str, clients: int, requests: int, prompt: str, max_tokens: 
         "first_text_p50_s": percentile(first_texts, 50),
         "first_text_p99_s": percentile(first_texts, 99),
     }
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear interpolation between the closest ranks (numpy's default) of sorted values."""
-    position = (len(values) - 1) * q / 100
-    low = int(position)
-    high = min(low + 1, len(values) - 1)
-    return values[low] + (values[high] - values[low]) * (position - low)
 
 
 def fuzz(url: str, count: int) -> dict[int, int]:

@@ -45,7 +45,7 @@ from typing import Any
 import httpx
 import torch
 
-from common import SERVED_MODEL, gpt2_serve_command, save_random_gpt2, served
+from common import SERVED_MODEL, gpt2_serve_command, percentile, save_random_gpt2, served
 
 END_OF_TEXT = 50256
 # ours at a dtype, and the GGUF type of the same precision for llama.cpp
@@ -142,15 +142,6 @@ def chat(url: str, turns: int, seed: int) -> list[float]:
             prompt += (ids(REPLY_TOKENS) if turn else []) + ids(USER_TOKENS)
             firsts.append(streamed(http, prompt, REPLY_TOKENS)[0])
     return firsts
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear interpolation between the closest ranks (numpy's default)."""
-    values = sorted(values)
-    position = (len(values) - 1) * q / 100
-    low = int(position)
-    high = min(low + 1, len(values) - 1)
-    return values[low] + (values[high] - values[low]) * (position - low)
 
 
 def main() -> None:

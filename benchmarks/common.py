@@ -85,3 +85,12 @@ def served(command: list[str], threads: int, log: Path | None = None) -> Iterato
         process.wait(60)
         if output:
             output.close()
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between the closest ranks (numpy's default) of the values."""
+    values = sorted(values)
+    position = (len(values) - 1) * q / 100
+    low = int(position)
+    high = min(low + 1, len(values) - 1)
+    return values[low] + (values[high] - values[low]) * (position - low)
