@@ -673,7 +673,13 @@ def test_streamed_chat_equals_the_plain_chat(client: Any) -> None:
 
 def test_chat_logprobs_give_each_tokens_bytes_and_alternatives(client: Any) -> None:
     response = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, logprobs=True, top_logprobs=2
+        model=MODEL,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=4,
+        logprobs=True,
+        top_logprobs=2,
+        seed=0,
+        logit_bias={str(ByteTokenizer.eot_token): -100},  # four tokens, whatever a random model draws first
     )
     content = response.choices[0].logprobs.content
     assert len(content) == 4 and all(len(item.top_logprobs) == 2 for item in content)
