@@ -52,7 +52,8 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=48)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--lookup-tokens", type=int, default=8)
-    parser.add_argument("--draft-tokens", type=int, default=4)
+    parser.add_argument("--draft-tokens", type=int, default=8)
+    parser.add_argument("--draft-confidence", type=float, default=0.4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
@@ -75,7 +76,7 @@ def main() -> None:
         return speculative_text(llm.model, llm.tokenizer, prompt, params, drafter, stats=stats)
 
     def drafted(params: SamplingParams, prompt: list[int], stats: SpeculationStats) -> Iterator[str]:
-        drafter = DraftModel(draft, num_tokens=args.draft_tokens)
+        drafter = DraftModel(draft, num_tokens=args.draft_tokens, confidence=args.draft_confidence)
         return speculative_text(llm.model, llm.tokenizer, prompt, params, drafter, stats=stats)
 
     modes: dict[str, Callable[..., Iterator[str]]] = {"plain": plain, "prompt lookup": lookup, "draft model": drafted}

@@ -233,6 +233,48 @@ def test_native_step_at_position_1000_equals_the_model_forward() -> None:
     torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
 
 
+def prefilled(model: GPT, length: int) -> KVCache:
+    """A cache of room 32 holding a random prompt of `length` tokens."""
+    cache = model.new_kv_cache(1, max_len=32)
+    with torch.no_grad():
+        model.hidden_states(
+            torch.randint(0, 300, (1, length), generator=torch.Generator().manual_seed(SEED)), kv_cache=cache
+        )
+    return cache
+
+
+@pytest.mark.parametrize("count", [1, 2, 5, 9])  # the products take activation rows 4 at a time
+def test_native_extend_feeds_a_span_of_one_sequence_as_the_model_forward_does(count: int) -> None:
+    """T consecutive tokens in one call (a speculative verification): each attends to the cache and the span's
+    tokens before it; the logits after each and the keys and values written are the forward's."""
+    model = random_gpt()
+    cache = prefilled(model, 11)
+    theirs = copy.deepcopy(cache)
+    span = torch.randint(0, 300, (count,), generator=torch.Generator().manual_seed(count))
+    with torch.no_grad():
+        expected = model(span.view(1, -1), kv_cache=theirs).logits[0]  # (T, V)
+    logits = native_decoder(model).extend(span, cache)  # type: ignore[union-attr]
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
+    assert cache.length == theirs.length == 11 + count
+    torch.testing.assert_close(cache.k, theirs.k, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(cache.v, theirs.v, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("precision", ["bfloat16", "int8", "int4"])
+def test_native_extend_of_each_precision_is_its_steps_one_token_at_a_time(precision: str) -> None:
+    model = prepare_for_inference(random_gpt(), precision)
+    decoder = native_decoder(model)
+    assert decoder is not None
+    cache = prefilled(random_gpt(), 6)
+    cache = KVCache(cache.k.bfloat16(), cache.v.bfloat16(), length=cache.length)
+    stepped = copy.deepcopy(cache)
+    span = torch.tensor([5, 17, 250, 3, 99, 41])
+    logits = decoder.extend(span, cache)
+    expected = torch.cat([decoder.step(span[t : t + 1], stepped) for t in range(len(span))])
+    torch.testing.assert_close(logits, expected, atol=2e-3 * expected.abs().max().item(), rtol=0)
+    assert cache.length == stepped.length == 12
+
+
 @pytest.mark.parametrize("precision", ["bfloat16", "int8", "int4"])
 def test_native_step_of_each_precision_is_the_float32_model_of_its_weights(precision: str) -> None:
     """What the step computes at a precision: the float32 model holding the weights that precision stores (and
@@ -426,3 +468,6 @@ def test_portable_build_computes_what_this_cpus_build_computes(tmp_path: Path) -
     )
     expected = native_decoder(model).step(tokens, theirs, positions=positions, key_mask=key_mask)  # type: ignore[union-attr]
     torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
+    span, cache = torch.tensor([3, 1, 4, 1, 5, 9]), prefilled(model, 7)
+    logits = native_decoder(model, library="gpt2_portable").extend(span, copy.deepcopy(cache))  # type: ignore[union-attr]
+    torch.testing.assert_close(logits, native_decoder(model).extend(span, cache), atol=1e-5, rtol=1e-5)  # type: ignore[union-attr]

@@ -180,9 +180,28 @@ def test_prompt_lookup_without_a_match_proposes_nothing() -> None:
     assert PromptLookup().propose(tokens, 4, 5, Sampler(0), 10, None)[0].numel() == 0
 
 
+@pytest.mark.parametrize("sampler", [Sampler(0), Sampler(temperature=1.0)])
+def test_draft_model_stops_after_a_token_it_is_unsure_of(sampler: Sampler) -> None:
+    """transformers' assistant_confidence_threshold: drafting ends after a token drawn with probability below it."""
+    draft = random_gpt(n_layer=1)
+    tokens = torch.zeros(20, dtype=torch.long)
+    tokens[:3] = torch.tensor([4, 5, 6])
+    lengths = {}
+    for confidence in (0.0, 0.99):
+        drafter = DraftModel(draft, num_tokens=5, confidence=confidence)
+        drafter.start(slide_by=None, native=True)
+        drafts, q = drafter.propose(tokens, 3, 5, sampler, 300, torch.Generator().manual_seed(SEED))
+        lengths[confidence] = drafts.numel()
+        assert q is None if sampler.greedy else q.shape == (drafts.numel(), 300)  # type: ignore[union-attr]
+    # the random draft is unsure of everything (its top probability is far below 0.99)
+    assert lengths == {0.0: 5, 0.99: 1}
+
+
 def test_bad_options_are_clear_errors() -> None:
     with pytest.raises(ValueError, match="num_tokens"):
         PromptLookup(num_tokens=0)
+    with pytest.raises(ValueError, match="confidence"):
+        DraftModel(random_gpt(), confidence=1.0)
     model = random_gpt()
     with pytest.raises(ValueError, match="share the target's tokenizer"):
         list(speculative_stream(model, [1], 3, DraftModel(random_gpt(vocab_size=100))))

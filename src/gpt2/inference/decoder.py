@@ -85,6 +85,19 @@ class NativeDecoder:
         cache.length = column + 1
         return logits
 
+    @torch.no_grad()
+    def extend(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Feed T consecutive tokens of one sequence: tokens (T,) -> the logits after each (T, V) float32.
+
+        What `model(tokens (1, T), kv_cache=cache)` computes, the weights read once for all T rows (a speculative
+        verification, a draft catching up): token t goes to column cache.length + t at that position and attends
+        causally. The cache (L, 1, nh, max_len, hs) advances by T."""
+        T, column = tokens.shape[0], cache.length
+        positions = torch.arange(column, column + T)
+        logits = self._decoder.extend(tokens.view(T), positions, cache.k, cache.v, column)
+        cache.length = column + T
+        return logits
+
 
 def native_decoder(model: GPT, *, library: str = "gpt2") -> NativeDecoder | None:
     """A NativeDecoder for `model`, or None where the native step cannot run it (module docstring). library: the

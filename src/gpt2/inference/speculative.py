@@ -49,6 +49,12 @@ if TYPE_CHECKING:
     from gpt2.model import GPT
 
 
+NATIVE_SPAN = 16
+"""Spans of at most this many new tokens (verifications, a draft catching up) run in the native decoder, which reads
+the weights once for them all (the 88M float32 target of docs/benchmarks.md: 2 tokens 9.9 ms, 9 tokens 16 ms, against
+14-16 ms through the model, and 8.3 ms for one); longer ones (a prompt) run the model's prefill."""
+
+
 # ------------------------------------------------------------------------------------------ distributions
 @dataclass(frozen=True)
 class Sampler:
@@ -102,8 +108,8 @@ class _CachedModel:
             self.cache.reset()
         fresh = tokens[self.start + self.cache.length : end]  # (F,), F >= count
         assert fresh.numel() >= count >= 1, "the cache holds columns whose logits are asked for"
-        if fresh.numel() == 1 and self.decoder is not None:
-            return self.decoder.step(fresh, self.cache)
+        if self.decoder is not None and fresh.numel() <= NATIVE_SPAN and self.decoder.takes(fresh.numel()):
+            return self.decoder.extend(fresh, self.cache)[-count:]  # a verification or a catch-up: a few rows
         hidden = self.model.hidden_states(fresh.view(1, -1), kv_cache=self.cache, validate=False)  # (1, F, C)
         return self.model.lm_head(hidden[0, -count:])  # (count, V)
 
@@ -185,13 +191,19 @@ class DraftModel:
     filtered distributions, with its own KV cache (rolled back with the target's)."""
 
     model: GPT
-    num_tokens: int = 4
-    """k: tokens drafted per step (each costs a draft step; a rejected one is wasted)."""
+    num_tokens: int = 8
+    """k: the most tokens drafted per step (each costs a draft step; a rejected one is wasted)."""
+    confidence: float = 0.4
+    """Stop drafting early after a token the draft gave less than this probability (transformers'
+    assistant_confidence_threshold, same default): an unsure draft is likely rejected, and each drafted token
+    costs a draft step and a row of the verification. 0 drafts num_tokens every step."""
     _state: _CachedModel | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.num_tokens, bool) or not isinstance(self.num_tokens, int) or self.num_tokens < 1:
             raise ValueError(f"draft num_tokens must be an integer >= 1, got {self.num_tokens!r}")
+        if not 0 <= self.confidence < 1:
+            raise ValueError(f"draft confidence must be in [0, 1), got {self.confidence!r}")
 
     def start(self, *, slide_by: int | None, native: bool) -> None:
         block_size = self.model.config.block_size
@@ -206,14 +218,21 @@ class DraftModel:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         assert self._state is not None, "call start() first"
         dists = []
-        for j in range(k):
-            logits = self._state.logits(tokens, n + j, 1)[-1, :vocab]  # (vocab,)
+        drafted = 0
+        while drafted < k:
+            logits = self._state.logits(tokens, n + drafted, 1)[-1, :vocab]  # (vocab,)
             if sampler.greedy:  # greedy drafts are certain: no distribution needed
-                tokens[n + j] = logits.argmax()
-                continue
-            dists.append(sampler.probs(logits))
-            tokens[n + j] = draw(dists[-1].view(1, -1), generator)[0]
-        return tokens[n : n + k].clone(), torch.stack(dists) if dists else None
+                token = int(logits.argmax())
+                probability = float(torch.softmax(logits.float(), dim=-1)[token]) if self.confidence else 1.0
+            else:
+                dists.append(sampler.probs(logits))
+                token = int(draw(dists[-1].view(1, -1), generator)[0])
+                probability = float(dists[-1][token])
+            tokens[n + drafted] = token
+            drafted += 1
+            if probability < self.confidence:
+                break
+        return tokens[n : n + drafted].clone(), torch.stack(dists) if dists else None
 
     def accept(self, columns: int) -> None:
         assert self._state is not None, "call start() first"

@@ -171,6 +171,62 @@ struct Output {
   }
 };
 
+#ifdef GPT2_AVX512
+// sums[r * NR + n] = W[r] . x[n] for R weight rows (`w`, K apart) and NS activation rows (xf or xb, K apart). NS
+// is a compile-time count so the R x NS accumulators stay in registers (a runtime count spills them to the stack).
+template <typename W, int64_t R, int64_t NR, int64_t NS>
+static inline void rowmajor_block(const W* w, const float* xf, const uint16_t* xb, int64_t K, float* sums) {
+  __m512 acc[R][NS];
+  for (int64_t r = 0; r < R; r++)
+    for (int64_t n = 0; n < NS; n++) acc[r][n] = _mm512_setzero_ps();
+  if constexpr (std::is_same_v<W, float>) {
+    for (int64_t k = 0; k < K; k += 16) {
+      __m512 wv[R];
+      for (int64_t r = 0; r < R; r++) wv[r] = _mm512_loadu_ps(w + r * K + k);
+      for (int64_t n = 0; n < NS; n++) {
+        const __m512 xv = _mm512_loadu_ps(xf + n * K + k);
+        for (int64_t r = 0; r < R; r++) acc[r][n] = _mm512_fmadd_ps(wv[r], xv, acc[r][n]);
+      }
+    }
+  } else {
+    for (int64_t k = 0; k < K; k += 32) {
+#ifdef __AVX512BF16__
+      __m512i wv[R];
+      for (int64_t r = 0; r < R; r++) wv[r] = _mm512_loadu_si512(w + r * K + k);
+      for (int64_t n = 0; n < NS; n++) {
+        const __m512i xv = _mm512_loadu_si512(xb + n * K + k);
+        for (int64_t r = 0; r < R; r++) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], (__m512bh)wv[r], (__m512bh)xv);
+      }
+#else
+      for (int64_t half = 0; half < 32; half += 16) {
+        __m512 wv[R];
+        for (int64_t r = 0; r < R; r++) {
+          const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * K + k + half));
+          wv[r] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+        }
+        for (int64_t n = 0; n < NS; n++) {
+          const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + n * K + k + half));
+          const __m512 xv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+          for (int64_t r = 0; r < R; r++) acc[r][n] = _mm512_fmadd_ps(wv[r], xv, acc[r][n]);
+        }
+      }
+#endif
+    }
+  }
+  for (int64_t r = 0; r < R; r++)
+    for (int64_t n = 0; n < NS; n++) sums[r * NR + n] = _mm512_reduce_add_ps(acc[r][n]);
+}
+
+// rowmajor_block for a runtime count ns in [1, NS]
+template <typename W, int64_t R, int64_t NR, int64_t NS>
+static inline void rowmajor_blocks(int64_t ns, const W* w, const float* xf, const uint16_t* xb, int64_t K, float* sums) {
+  if constexpr (NS > 1) {
+    if (ns < NS) return rowmajor_blocks<W, R, NR, NS - 1>(ns, w, xf, xb, K, sums);
+  }
+  rowmajor_block<W, R, NR, NS>(w, xf, xb, K, sums);
+}
+#endif
+
 // F32 and BF16: row-major weights (W = float or the bfloat16 bits as uint16_t), R rows at a time against NR
 // activation rows, a horizontal sum per row at the end. xf: the activations (F32); xb: the activations rounded to
 // bfloat16 (BF16). One activation row (a lone decode step) takes 8 weight rows a block: twice the loads in flight
@@ -186,47 +242,10 @@ static void rowmajor_product(const W* w, const float* xf, const uint16_t* xb, in
         float sums[R][NR] = {};
 #ifdef GPT2_AVX512
         if (rows == R) {
-          __m512 acc[R][NR];
-          for (int64_t r = 0; r < R; r++)
-            for (int64_t n = 0; n < NR; n++) acc[r][n] = _mm512_setzero_ps();
-          if constexpr (std::is_same_v<W, float>) {
-            for (int64_t k = 0; k < K; k += 16) {
-              __m512 wv[R];
-              for (int64_t r = 0; r < R; r++) wv[r] = _mm512_loadu_ps(w + (o0 + r) * K + k);
-              for (int64_t n = 0; n < ns; n++) {
-                const __m512 xv = _mm512_loadu_ps(xf + (n0 + n) * K + k);
-                for (int64_t r = 0; r < R; r++) acc[r][n] = _mm512_fmadd_ps(wv[r], xv, acc[r][n]);
-              }
-            }
-          } else {
-            for (int64_t k = 0; k < K; k += 32) {
-#ifdef __AVX512BF16__
-              __m512i wv[R];
-              for (int64_t r = 0; r < R; r++)
-                wv[r] = _mm512_loadu_si512(w + (o0 + r) * K + k);
-              for (int64_t n = 0; n < ns; n++) {
-                const __m512i xv = _mm512_loadu_si512(xb + (n0 + n) * K + k);
-                for (int64_t r = 0; r < R; r++)
-                  acc[r][n] = _mm512_dpbf16_ps(acc[r][n], (__m512bh)wv[r], (__m512bh)xv);
-              }
-#else
-              for (int64_t half = 0; half < 32; half += 16) {
-                __m512 wv[R];
-                for (int64_t r = 0; r < R; r++) {
-                  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + (o0 + r) * K + k + half));
-                  wv[r] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-                }
-                for (int64_t n = 0; n < ns; n++) {
-                  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + (n0 + n) * K + k + half));
-                  const __m512 xv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-                  for (int64_t r = 0; r < R; r++) acc[r][n] = _mm512_fmadd_ps(wv[r], xv, acc[r][n]);
-                }
-              }
-#endif
-            }
-          }
-          for (int64_t r = 0; r < R; r++)
-            for (int64_t n = 0; n < ns; n++) sums[r][n] = _mm512_reduce_add_ps(acc[r][n]);
+          const W* wb = w + o0 * K;
+          const float* xfb = xf ? xf + n0 * K : nullptr;
+          const uint16_t* xbb = xb ? xb + n0 * K : nullptr;
+          rowmajor_blocks<W, R, NR, NR>(ns, wb, xfb, xbb, K, &sums[0][0]);
         } else
 #endif
         {
@@ -659,6 +678,20 @@ class Decoder : public torch::CustomClassHolder {
   // the new keys and values at `column` and attends over columns [0, column]. Returns logits (B, V) float32.
   at::Tensor step(const at::Tensor& tokens, const at::Tensor& positions, const c10::optional<at::Tensor>& key_mask,
                   const at::Tensor& k_cache, const at::Tensor& v_cache, int64_t column) {
+    return dispatch(tokens, positions, key_mask, k_cache, v_cache, column, false);
+  }
+
+  // T consecutive tokens of one sequence (a speculative verification, a short prompt): tokens, positions (T,);
+  // the cache (L, 1, nh, max_len, hs). Token t writes its keys and values at column + t and attends causally over
+  // columns [0, column + t]; the weights are read once for all T rows. Returns logits (T, V) float32.
+  at::Tensor extend(const at::Tensor& tokens, const at::Tensor& positions, const at::Tensor& k_cache,
+                    const at::Tensor& v_cache, int64_t column) {
+    return dispatch(tokens, positions, c10::nullopt, k_cache, v_cache, column, true);
+  }
+
+ private:
+  at::Tensor dispatch(const at::Tensor& tokens, const at::Tensor& positions, const c10::optional<at::Tensor>& key_mask,
+                      const at::Tensor& k_cache, const at::Tensor& v_cache, int64_t column, bool chained) {
     TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "k and v caches must share a dtype");
     TORCH_CHECK(k_cache.dim() == 5 && k_cache.sizes() == v_cache.sizes(), "k and v caches must be (L, B, nh, max_len, hs)");
     TORCH_CHECK(k_cache.size(0) == n_layer_ && k_cache.size(2) == n_head_ && k_cache.size(4) == C_ / n_head_,
@@ -666,18 +699,28 @@ class Decoder : public torch::CustomClassHolder {
     TORCH_CHECK(k_cache.stride(4) == 1 && v_cache.stride(4) == 1, "cache rows must be contiguous");
     TORCH_CHECK(tokens.dim() == 1 && positions.sizes() == tokens.sizes(), "tokens and positions must be (B,)");
     TORCH_CHECK(column >= 0, "column must be >= 0");
-    if (k_cache.scalar_type() == at::kFloat) return run<float>(tokens, positions, key_mask, k_cache, v_cache, column);
+    if (k_cache.scalar_type() == at::kFloat)
+      return run<float>(tokens, positions, key_mask, k_cache, v_cache, column, chained);
     TORCH_CHECK(k_cache.scalar_type() == at::kBFloat16, "the cache must be float32 or bfloat16");
-    return run<at::BFloat16>(tokens, positions, key_mask, k_cache, v_cache, column);
+    return run<at::BFloat16>(tokens, positions, key_mask, k_cache, v_cache, column, chained);
   }
 
- private:
+  // chained = false: row b is sequence b, at `column`. chained = true: row b is token b of sequence 0, at column + b
+  // (every row's keys and values are written before any row attends, so each sees the rows before it).
   template <typename T>
   at::Tensor run(const at::Tensor& tokens_in, const at::Tensor& positions_in, const c10::optional<at::Tensor>& key_mask,
-                 const at::Tensor& k_cache, const at::Tensor& v_cache, int64_t column) {
+                 const at::Tensor& k_cache, const at::Tensor& v_cache, int64_t column, bool chained) {
     const at::Tensor tokens = tokens_in.to(at::kLong).contiguous(), positions = positions_in.to(at::kLong).contiguous();
-    const int64_t B = tokens.size(0), C = C_, nh = n_head_, hs = C / nh, S = column + 1;
-    TORCH_CHECK(k_cache.size(1) == B && k_cache.size(3) > column, "the cache does not fit the batch and column");
+    const int64_t B = tokens.size(0), C = C_, nh = n_head_, hs = C / nh;
+    const int64_t S = chained ? column + B : column + 1;  // key columns of the row that sees the most
+    TORCH_CHECK(B >= 1, "at least one token is needed");
+    if (chained) {
+      TORCH_CHECK(k_cache.size(1) == 1 && k_cache.size(3) >= S, "the cache does not fit one sequence of column + T");
+    } else {
+      TORCH_CHECK(k_cache.size(1) == B && k_cache.size(3) > column, "the cache does not fit the batch and column");
+    }
+    auto sequence = [&](int64_t b) { return chained ? int64_t{0} : b; };  // the cache row of activation row b
+    auto at_column = [&](int64_t b) { return chained ? column + b : column; };
     at::Tensor mask;
     if (key_mask.has_value()) {
       mask = key_mask->to(at::kBool).contiguous();
@@ -708,29 +751,37 @@ class Decoder : public torch::CustomClassHolder {
       // attention, one (row, head) per task: write k, v at `column`, then softmax(q k^T / sqrt(hs)) v
       T* k_layer = k_base + l * k_cache.stride(0);
       T* v_layer = v_base + l * v_cache.stride(0);
+      for (int64_t b = 0; b < B; b++) {
+        for (int64_t head = 0; head < nh; head++) {
+          T* keys = k_layer + sequence(b) * k_cache.stride(1) + head * k_cache.stride(2) + at_column(b) * k_cache.stride(3);
+          T* values = v_layer + sequence(b) * v_cache.stride(1) + head * v_cache.stride(2) + at_column(b) * v_cache.stride(3);
+          for (int64_t i = 0; i < hs; i++) {
+            store_from_float(keys, i, qkv[b * 3 * C + C + head * hs + i]);
+            store_from_float(values, i, qkv[b * 3 * C + 2 * C + head * hs + i]);
+          }
+        }
+      }
       at::parallel_for(0, B * nh, 1, [&](int64_t begin, int64_t end) {
         for (int64_t task = begin; task < end; task++) {
-          const int64_t b = task / nh, head = task % nh;
-          T* keys = k_layer + b * k_cache.stride(1) + head * k_cache.stride(2);  // (max_len, hs), rows stride(3) apart
-          T* values = v_layer + b * v_cache.stride(1) + head * v_cache.stride(2);
+          const int64_t b = task / nh, head = task % nh, seen_columns = at_column(b) + 1;
+          // (max_len, hs) each, rows stride(3) apart
+          const T* keys = k_layer + sequence(b) * k_cache.stride(1) + head * k_cache.stride(2);
+          const T* values = v_layer + sequence(b) * v_cache.stride(1) + head * v_cache.stride(2);
           const float* q = &qkv[b * 3 * C + head * hs];
-          for (int64_t i = 0; i < hs; i++) {
-            store_from_float(keys + column * k_cache.stride(3), i, qkv[b * 3 * C + C + head * hs + i]);
-            store_from_float(values + column * v_cache.stride(3), i, qkv[b * 3 * C + 2 * C + head * hs + i]);
-          }
           // softmax over the visible columns: exp(score - max) there, 0 where masked
           float* weights = &p[task * S];
+          const bool* row_visible = visible ? visible + b * S : nullptr;
           float top = -INFINITY;
-          for (int64_t s = 0; s < S; s++) {
-            const bool seen = !visible || visible[b * S + s];
+          for (int64_t s = 0; s < seen_columns; s++) {
+            const bool seen = !row_visible || row_visible[s];
             weights[s] = seen ? dot_row(q, keys + s * k_cache.stride(3), hs) * scale : 0.0f;
             if (seen) top = std::max(top, weights[s]);
           }
-          for (int64_t s = 0; s < S; s++) weights[s] -= top;
-          exp_inplace(weights, S, visible ? visible + b * S : nullptr);
+          for (int64_t s = 0; s < seen_columns; s++) weights[s] -= top;
+          exp_inplace(weights, seen_columns, row_visible);
           float total = 0.0f;
-          for (int64_t s = 0; s < S; s++) total += weights[s];
-          weighted_sum(&z[b * C + head * hs], weights, 1.0f / total, values, v_cache.stride(3), S, hs);
+          for (int64_t s = 0; s < seen_columns; s++) total += weights[s];
+          weighted_sum(&z[b * C + head * hs], weights, 1.0f / total, values, v_cache.stride(3), seen_columns, hs);
         }
       });
       lin[1].apply(z.data(), B, output(x.data(), C, lin[1], true));  // x += attn.c_proj(z)
@@ -790,7 +841,8 @@ GPT2_LIBRARY(GPT2_OPS, m) {
       .def(torch::init<int64_t, double, at::Tensor, at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>,
                        std::vector<c10::optional<at::Tensor>>, std::vector<c10::optional<at::Tensor>>,
                        std::vector<int64_t>, std::vector<int64_t>>())
-      .def("step", &GPT2_OPS::Decoder::step);
+      .def("step", &GPT2_OPS::Decoder::step)
+      .def("extend", &GPT2_OPS::Decoder::extend);
   m.def("linear(Tensor x, Tensor weight, Tensor? scale, Tensor? bias, int kind, int out_features) -> Tensor",
         &GPT2_OPS::linear_op);
   m.def("dequantize(Tensor weight, Tensor? scale, int kind, int in_features, int out_features, ScalarType dtype) -> Tensor",
