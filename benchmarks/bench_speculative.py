@@ -51,7 +51,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--prompt-tokens", type=int, default=48)
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--lookup-tokens", type=int, default=8)
+    parser.add_argument("--lookup-tokens", type=int, default=10)
     parser.add_argument("--draft-tokens", type=int, default=8)
     parser.add_argument("--draft-confidence", type=float, default=0.4)
     parser.add_argument("--repeats", type=int, default=3)

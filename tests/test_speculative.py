@@ -166,13 +166,26 @@ def test_sampler_probabilities_are_those_sample_next_token_draws_from() -> None:
 # ------------------------------------------------------------------------------------------ drafters
 def test_prompt_lookup_proposes_what_followed_the_latest_match() -> None:
     tokens = torch.tensor([1, 2, 3, 9, 1, 2, 4, 8, 1, 2])
-    drafts, q = PromptLookup(num_tokens=3).propose(tokens, 10, 3, Sampler(0), 10, None)
+    drafts, q = PromptLookup(num_tokens=3, adaptive=False).propose(tokens, 10, 3, Sampler(0), 10, None)
     assert drafts.tolist() == [4, 8, 1] and q is None
 
 
 def test_prompt_lookup_prefers_the_longest_ngram() -> None:
     tokens = torch.tensor([7, 2, 5, 0, 3, 2, 6, 7, 2])
-    assert PromptLookup(num_tokens=2).propose(tokens, 9, 2, Sampler(0), 10, None)[0].tolist() == [5, 0]
+    assert PromptLookup(num_tokens=2, adaptive=False).propose(tokens, 9, 2, Sampler(0), 10, None)[0].tolist() == [5, 0]
+
+
+def test_prompt_lookup_drafts_longer_while_its_drafts_are_kept_and_shorter_after_a_rejection() -> None:
+    tokens = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 1, 2])  # after "1 2": 3 4 5 ... to copy
+    drafter = PromptLookup(num_tokens=4)
+    drafter.start(slide_by=None, native=True)
+    lengths = []
+    for kept_all in (True, True, False, False, False, True):
+        drafts = drafter.propose(tokens, 14, 10, Sampler(0), 20, None)[0]
+        lengths.append(drafts.numel())
+        drafter.accept(14 + (drafts.numel() if kept_all else 0))
+    assert lengths == [1, 3, 4, 3, 2, 1]  # +2 after all kept (at most num_tokens), -1 after a rejection (at least 1)
+    assert PromptLookup(num_tokens=4, adaptive=False).propose(tokens, 14, 10, Sampler(0), 20, None)[0].numel() == 10
 
 
 def test_prompt_lookup_without_a_match_proposes_nothing() -> None:

@@ -145,17 +145,25 @@ class Drafter(Protocol):
 @dataclass
 class PromptLookup:
     """Draft by n-gram lookup: find the most recent earlier occurrence of the last `max_ngram` (then fewer,
-    down to `min_ngram`) tokens and propose the `num_tokens` tokens that followed it.
+    down to `min_ngram`) tokens and propose the tokens that followed it.
+
+    How many: with `adaptive` (the default), a length that starts at 1 and grows by 2 after a step whose drafts
+    were all kept, shrinks by 1 after one with a rejection, never past `num_tokens` (transformers' "heuristic"
+    schedule for its assistant model): each drafted token costs a row of the verification, so long drafts pay only
+    while the text is being copied. Otherwise always `num_tokens`.
 
     >>> tokens = torch.tensor([5, 6, 7, 8, 9, 5, 6])
-    >>> PromptLookup(num_tokens=2).propose(tokens, 7, 2, Sampler(0), 10, None)[0].tolist()
+    >>> PromptLookup(num_tokens=2, adaptive=False).propose(tokens, 7, 2, Sampler(0), 10, None)[0].tolist()
     [7, 8]
     """
 
     num_tokens: int = 10
-    """k: tokens drafted per step (transformers' prompt_lookup_num_tokens defaults to 10)."""
+    """k: the most tokens drafted per step (transformers' prompt_lookup_num_tokens defaults to 10)."""
     max_ngram: int = 3
     min_ngram: int = 1
+    adaptive: bool = True
+    _length: int = field(default=1, init=False, repr=False)  # the adaptive draft length
+    _proposed: tuple[int, int] = field(default=(0, 0), init=False, repr=False)  # (n, drafts) of the last proposal
 
     def __post_init__(self) -> None:
         if isinstance(self.num_tokens, bool) or not isinstance(self.num_tokens, int) or self.num_tokens < 1:
@@ -164,7 +172,7 @@ class PromptLookup:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram} and {self.max_ngram}")
 
     def start(self, *, slide_by: int | None, native: bool) -> None:
-        pass
+        self._length, self._proposed = 1, (0, 0)
 
     def max_draft(self) -> int:
         return self.num_tokens
@@ -172,17 +180,25 @@ class PromptLookup:
     def propose(
         self, tokens: torch.Tensor, n: int, k: int, sampler: Sampler, vocab: int, generator: torch.Generator | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self.adaptive:
+            k = min(k, self._length)
         history = tokens[:n]
+        drafts = history[:0]
         for size in range(min(self.max_ngram, n - 1), self.min_ngram - 1, -1):
             windows = history[:-1].unfold(0, size, 1)  # (n - size, size): every earlier n-gram
             hits = (windows == history[n - size :]).all(dim=1).nonzero()
             if hits.numel():
                 follow = int(hits[-1]) + size  # the most recent match, and the column after it
-                return history[follow : follow + k].clone(), None
-        return history[:0].clone(), None
+                drafts = history[follow : follow + k]
+                break
+        self._proposed = (n, drafts.numel())
+        return drafts.clone(), None
 
     def accept(self, columns: int) -> None:
-        pass
+        n, drafted = self._proposed
+        if self.adaptive and drafted:
+            all_kept = columns - n == drafted
+            self._length = min(self.num_tokens, self._length + 2) if all_kept else max(1, self._length - 1)
 
 
 @dataclass
