@@ -114,7 +114,14 @@ class LLM:
         rules = build_processors(params, prompt_length=0, vocab_size=self.model.config.vocab_size)
         if rules or params.num_beams > 1 or params.regex is not None or params.json_schema is not None:
             return None
-        return DraftModel(self.draft) if self.draft is not None else PromptLookup(num_tokens=self.prompt_lookup or 10)
+        return self.new_drafter()
+
+    def new_drafter(self) -> Drafter | None:
+        """A fresh drafter for the speculative decoding this LLM was given (a draft model or prompt lookup), or
+        None. One drafter serves one sequence at a time (the server's engine keeps one for its lone sequence)."""
+        if self.draft is not None:
+            return DraftModel(self.draft)
+        return PromptLookup(num_tokens=self.prompt_lookup) if self.prompt_lookup is not None else None
 
     @overload
     def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> list[str]: ...

@@ -45,6 +45,20 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, inference: bool = Fa
         parser.add_argument("--device", default="auto", help="'auto' (cuda when available), 'cpu', 'cuda', ...")
 
 
+def add_speculation_arguments(parser: argparse.ArgumentParser) -> None:
+    """--draft DIR | --prompt-lookup [N]: speculative decoding (LLM.load's draft / prompt_lookup)."""
+    speculation = parser.add_mutually_exclusive_group()
+    speculation.add_argument("--draft", metavar="DIR", help="speculative decoding: a smaller model, same tokenizer")
+    speculation.add_argument(
+        "--prompt-lookup",
+        type=int,
+        nargs="?",
+        const=10,
+        metavar="N",
+        help="speculative decoding with n-gram drafts of up to N tokens from the text so far (default 10)",
+    )
+
+
 def add_sampling_arguments(parser: argparse.ArgumentParser, *, max_tokens: int = 256) -> None:
     """--max-new-tokens, --temperature, --top-p, --top-k, --stop, --stop-token-id, --seed, -n: one flag per
     SamplingParams field, with its default; `sampling_params(args)` builds (and so validates) the dataclass."""

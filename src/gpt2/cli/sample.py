@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from gpt2.api import LLM
-from gpt2.cli.common import add_model_arguments, add_sampling_arguments, sampling_params
+from gpt2.cli.common import add_model_arguments, add_sampling_arguments, add_speculation_arguments, sampling_params
 
 SAMPLE_SEPARATOR = "\n" + "-" * 40 + "\n"
 
@@ -35,16 +35,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--truncate", choices=["left"], help="cut a prompt longer than the context from the left")
     parser.add_argument("--slide-by", type=int, help="window shift past the context (default block_size // 4)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the decode step (GPU)")
-    speculation = parser.add_mutually_exclusive_group()
-    speculation.add_argument("--draft", metavar="DIR", help="speculative decoding: a smaller model, same tokenizer")
-    speculation.add_argument(
-        "--prompt-lookup",
-        type=int,
-        nargs="?",
-        const=10,
-        metavar="N",
-        help="speculative decoding with n-gram drafts of N tokens from the text so far (default 10)",
-    )
+    add_speculation_arguments(parser)
     parser.add_argument("--no-echo", action="store_true", help="print only the continuation, not the prompt")
     parser.set_defaults(func=run)
 

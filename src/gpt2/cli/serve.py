@@ -2,6 +2,7 @@
 
     gpt2 serve --model out/run1
     gpt2 serve --model gpt2 --dtype int8 --port 8000 --api-key "$KEY"
+    gpt2 serve --model gpt2-medium --draft distilgpt2     # speculative decoding for a lone request
     curl localhost:8000/v1/completions -H 'Content-Type: application/json' \\
         -d '{"model": "gpt2", "prompt": "Hello", "max_tokens": 20}'
 
@@ -18,7 +19,7 @@ from functools import partial
 from typing import Any
 
 from gpt2.api import LLM
-from gpt2.cli.common import add_model_arguments
+from gpt2.cli.common import add_model_arguments, add_speculation_arguments
 from gpt2.serve.config import ServerConfig
 
 API_KEY_ENV = "GPT2_SERVE_API_KEY"
@@ -68,6 +69,7 @@ def register(subparsers: Any) -> None:
         help="prompt tokens prefilled between two decode steps at most; longer prompts go in chunks "
         f"(default {defaults.prefill_chunk})",
     )
+    add_speculation_arguments(parser)  # used for a request decoding alone (gpt2.serve.engine)
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     parser.set_defaults(func=run)
 
@@ -94,6 +96,14 @@ def run(args: argparse.Namespace) -> int:
         from gpt2.serve.server import serve
     except ModuleNotFoundError as err:
         raise ValueError(f"gpt2 serve needs the package {err.name!r}: pip install 'gpt2-faithful[serve]'") from err
-    load = partial(LLM.load, args.model, tokenizer=args.tokenizer, device=args.device, precision=args.dtype)
+    load = partial(
+        LLM.load,
+        args.model,
+        tokenizer=args.tokenizer,
+        device=args.device,
+        precision=args.dtype,
+        draft=args.draft,
+        prompt_lookup=args.prompt_lookup,
+    )
     serve(load, config, log_level=args.log_level)
     return 0

@@ -344,7 +344,7 @@ def speculative_stream(
         k = drafts.numel()
         tokens[n : n + k] = drafts
         logits = target.logits(tokens, n + k, k + 1)[:, :vocab]  # (k + 1, vocab): p_0 .. p_k
-        accepted, new = _verify(logits, drafts, q, sampler, generator)
+        accepted, new = verify_drafts(logits, drafts, q, sampler, generator)
         stats.verifications += 1
         stats.drafted += k
         stats.accepted += accepted
@@ -360,7 +360,7 @@ def speculative_stream(
                 return
 
 
-def _verify(
+def verify_drafts(
     logits: torch.Tensor,
     drafts: torch.Tensor,
     q: torch.Tensor | None,
@@ -368,7 +368,8 @@ def _verify(
     generator: torch.Generator | None,
 ) -> tuple[int, int]:
     """The number of drafts kept and the token that follows them, from the target's logits (k + 1, V) after
-    each prefix, the drafts (k,) and their distributions q (k, V) (None: point masses)."""
+    each prefix, the drafts (k,) and their distributions q (k, V) (None: point masses): the rule of the module
+    docstring (greedy: kept while they are the argmax; sampling: Leviathan / Chen)."""
     k = drafts.numel()
     if sampler.greedy:
         choice = logits.argmax(dim=-1)  # (k + 1,)

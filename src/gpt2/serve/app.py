@@ -82,6 +82,7 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
         max_queue=config.max_queue,
         prefix_cache=prefix_cache,
         prefill_chunk=config.prefill_chunk,
+        drafter=llm.new_drafter(),  # speculative steps for a lone sequence when the LLM has a draft / lookup
     )
     service = _Service(llm, engine, config)
 

@@ -25,6 +25,8 @@ to the rounding of the batched reductions.
   it is untouched by the rows' moves; the copy costs far less than the prefill it follows.
 - step: one forward of the B pending tokens (B, 1), each with its row's mask and position (in the native decoder,
   gpt2.inference.decoder, where it can run the model).
+- extend / rollback: a lone row feeds several tokens in one forward and drops the rejected ones again (the
+  engine's speculative decoding at batch 1).
 - Room: a step needs column L free. When L reaches block_size, or the padding every row shares grows past a
   quarter of the width, all rows move left by that shared padding (one copy of the active cache, which costs
   about as much as the attention of a step or two reads anyway).
@@ -40,6 +42,7 @@ from collections.abc import Sequence
 import torch
 
 from gpt2.inference.decoder import native_decoder
+from gpt2.inference.speculative import NATIVE_SPAN
 from gpt2.model import GPT, KVCache
 from gpt2.serve.prefix_cache import CachedPrefix, PrefixCache
 
@@ -178,6 +181,37 @@ class DecodeBatch:
         self._lengths[:B] += 1
         self.width = L + 1
         return logits
+
+    @torch.no_grad()
+    def extend(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed the lone active row T tokens at once (a speculative verification), tokens (T,) -> the logits after
+        each (T, V). The row first drops its padding, so its columns are its positions and the span attends
+        causally with no mask (the native decoder's `extend` where it can run it). Needs width + T <= block_size
+        once the padding is gone (the caller checks against `lengths`)."""
+        assert self.size == 1, "extend feeds the lone row of a batch of one"
+        padding = self.width - int(self._lengths[0])
+        if padding:
+            self._shift(-padding)  # now columns [0, n) hold the row's n tokens
+        L, T = self.width, tokens.shape[0]
+        assert L + T <= self.block_size, "the span does not fit in the context"
+        cache = KVCache(self._k[:, :1], self._v[:, :1], length=L)
+        if self.decoder is not None and T <= NATIVE_SPAN and self.decoder.takes(T):
+            logits = self.decoder.extend(tokens, cache)  # (T, V)
+        else:
+            hidden = self.model.hidden_states(tokens.view(1, T).to(self._k.device), kv_cache=cache, validate=False)
+            logits = self.model.lm_head(hidden[0])  # (T, V)
+        self._mask[0, L : L + T] = 1
+        self._lengths[0] += T
+        self.width = L + T
+        return logits
+
+    def rollback(self, count: int) -> None:
+        """Forget the lone row's last `count` tokens (rejected drafts): their columns are free again."""
+        assert self.size == 1 and 0 <= count <= int(self._lengths[0]), "rollback drops fed tokens of the lone row"
+        L = self.width
+        self._mask[0, L - count : L] = 0
+        self._lengths[0] -= count
+        self.width = L - count
 
     def leave(self, row: int) -> int | None:
         """Remove active row `row`. The last row moves into its place: returns the index it had (so the caller

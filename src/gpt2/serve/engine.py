@@ -21,6 +21,14 @@ Each turn of its loop:
    with the sequence's own generator (seeded: the tokens a lone `LLM.generate` call with that seed draws);
 4. hand each sequence's new text to its consumer (`sink`), and let finished or cancelled sequences leave.
 
+With a drafter (`drafter=`: a draft model or prompt lookup, gpt2.inference.speculative), a sequence decoding alone
+(one row, nobody waiting: the one-user case, where a step reads every weight for one token) takes speculative
+steps instead of step 2-3: the drafter proposes up to k tokens, one forward of the row verifies them all
+(`DecodeBatch.extend`), the rejected ones are rolled back, and the kept ones plus the target's next token go out
+together. Greedy gives the tokens plain decoding gives; sampling, the same distribution (the rejection rule), not
+the same draws. Sequences with rules (penalties, bans, grammars) or log-probabilities decode as usual, as do
+all sequences while several run.
+
 With a prefix cache (gpt2.serve.prefix_cache), a prompt that starts with an earlier prompt's tokens reuses their
 keys and values instead of prefilling them (in whole blocks, a chunked prompt's too; prompts that ask for their
 own log-probabilities reuse none, as they need every position's logits). Its counters are `prefix_cache.queries`
@@ -50,6 +58,7 @@ import torch.nn.functional as F
 
 from gpt2.inference.processors import LogitsProcessor, apply_processors, build_processors, with_end_of_text
 from gpt2.inference.sampling import SamplingParams, sample_next_token
+from gpt2.inference.speculative import Drafter, Sampler, verify_drafts
 from gpt2.inference.structured import GrammarCompiler, structured_processor
 from gpt2.inference.text import TextAssembler
 from gpt2.model import GPT
@@ -209,7 +218,8 @@ class _Sequence:
         self.processors = build_processors(params, prompt_length=len(request.prompt), vocab_size=vocab_size)
         if grammar is not None:  # after the rules, as the offline decoder runs it
             self.processors.append(grammar)
-        self.tokens = list(request.prompt) if self.processors else []
+        self.tokens = list(request.prompt)  # what the rules and the drafter see: the prompt, then every token drawn
+        self.speculable = not self.processors and request.logprobs is None  # speculative steps can serve it
         self.generator = torch.Generator(device=device)
         if params.seed is not None:
             self.generator.manual_seed(params.seed)
@@ -234,7 +244,8 @@ class Engine:
     called from any thread; the model is used by the engine's thread only.
 
     `prefill_chunk` bounds the prompt tokens a turn prefills (PREFILL_CHUNK): longer prompts are prefilled over
-    several turns, each followed by a decode step of the running rows.
+    several turns, each followed by a decode step of the running rows. `drafter`: speculative steps for a sequence
+    decoding alone (module docstring).
 
     >>> engine = Engine(model, tokenizer, max_batch=8, prefix_cache=PrefixCache(256 << 20))  # doctest: +SKIP
     >>> engine.start()                                                                       # doctest: +SKIP
@@ -250,6 +261,7 @@ class Engine:
         max_queue: int = 64,
         prefix_cache: PrefixCache | None = None,
         prefill_chunk: int = PREFILL_CHUNK,
+        drafter: Drafter | None = None,
     ) -> None:
         for name, value in (("max_queue", max_queue), ("prefill_chunk", prefill_chunk)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -271,6 +283,8 @@ class Engine:
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
         self._grammars: GrammarCompiler | None = None  # structured output's compiler, built on first use
+        self._drafter = drafter  # None: no speculative steps
+        self._drafting: _Sequence | None = None  # the sequence the drafter's state follows (engine thread only)
         self._closing = False  # no new work; finish what is there
         self._aborting = False  # end everything now
 
@@ -484,12 +498,42 @@ class Engine:
         # with no row decoding before, more that arrived meanwhile are admitted before decoding (first tokens first)
         hold = running == 0 and admitted and bool(self._waiting) and self.active < self._batch.max_rows
         if self._rows and not hold:
-            tokens = torch.tensor([sequence.pending for sequence in self._rows], dtype=torch.long)
-            logits = self._batch.step(tokens)  # (B, V)
             stepped = len(self._rows)
-            self._sample(list(self._rows), logits)
+            # (a request arriving meanwhile is seen next turn: reading the queue's size needs no lock)
+            alone = stepped == 1 and not self._waiting and self._prefilling is None
+            if alone and self._drafter is not None and self._rows[0].speculable:
+                self._speculate(self._rows[0], self._drafter)
+            else:
+                tokens = torch.tensor([sequence.pending for sequence in self._rows], dtype=torch.long)
+                logits = self._batch.step(tokens)  # (B, V)
+                self._sample(list(self._rows), logits)
         with self._lock:
             self._timeline.append(TurnRecord(prefilled=fed, running=running, stepped=stepped))
+
+    @torch.no_grad()
+    def _speculate(self, sequence: _Sequence, drafter: Drafter) -> None:
+        """One speculative step of the lone row: drafts, one verifying forward, then the kept tokens and the
+        target's next one, as gpt2.inference.speculative.speculative_stream takes them."""
+        if self._drafting is not sequence:  # the drafter's state (a draft model's cache) follows one sequence
+            drafter.start(slide_by=None, native=True)
+            self._drafting = sequence
+        params = sequence.request.params
+        sampler = Sampler(params.temperature, params.top_k, params.top_p)
+        n = len(sequence.tokens)  # committed tokens; the cache holds all but the last (pending)
+        # never draft past the budget (the step's last token is the target's own) or the context
+        k = min(drafter.max_draft(), sequence.max_new - sequence.generated - 1, self.block_size - n)
+        history = torch.tensor(sequence.tokens + [0] * max(k, 0), dtype=torch.long, device=self.device)
+        drafts, q = history[:0], None
+        if k > 0:
+            drafts, q = drafter.propose(history, n, k, sampler, self.vocab_limit, sequence.generator)
+        logits = self._batch.extend(torch.cat([history[n - 1 : n], drafts]))[:, : self.vocab_limit]  # (k' + 1, V)
+        accepted, token = verify_drafts(logits.float(), drafts, q, sampler, sequence.generator)
+        self._batch.rollback(drafts.numel() - accepted)
+        drafter.accept(n + accepted)
+        for drawn in [*drafts[:accepted].tolist(), token]:
+            self._accept(sequence, drawn, None, None)
+            if sequence.status is SequenceStatus.FINISHED:  # a stop token or the length: the rest is dropped
+                break
 
     def _start_chunked(self, sequence: _Sequence, first_chunk: int) -> int:
         """Begin prefilling a prompt in chunks (its cached prefix, if any, is copied in first); returns the tokens
@@ -611,8 +655,7 @@ class Engine:
         assert sequence.text is not None
         sequence.generated += 1
         sequence.pending = token
-        if sequence.processors:
-            sequence.tokens.append(token)
+        sequence.tokens.append(token)
         output = SequenceOutput(sequence.index, prompt_logprobs=prompt_logprobs, completion_tokens=sequence.generated)
         reason = None
         if token == self.eot_token or token in sequence.stop_ids:
