@@ -53,6 +53,11 @@ enum Kind : int64_t { F32 = 0, BF16 = 1, I8 = 2, I4 = 3 };
 constexpr int64_t TILE = 16;    // output rows per tile (one AVX-512 register of float32)
 constexpr int64_t BLOCK = 32;   // inputs per activation-quantization block (and per int4 group)
 constexpr int64_t MAX_ROWS = 4; // row-major formats: activation rows computed together while 4 weight rows are loaded
+// Up to this many activation rows, row-major products take one weight row at a time against all of them (one
+// sequential stream a thread, as for one row); past it, 4 weight rows a block (4 x 4 sums in registers), which
+// does more arithmetic per load. 124M float32, all products of a step: 2 rows 10.2 -> 7.9 ms, 4 rows 12.1 -> 10.1,
+// 8 rows 17.4 vs 19.2 the other way (docs/benchmarks.md, 2026-11-25 stop 28).
+constexpr int64_t FEW_ROWS = 4;
 
 // ------------------------------------------------------------------------------------------ scalar helpers
 static inline float bf16_to_float(uint16_t bits) {
@@ -439,6 +444,8 @@ struct Linear {
       const float* w = weight.data_ptr<float>();
       if (N == 1) {
         rowwise_product<float>(w, x, nullptr, K, O, out);
+      } else if (N <= FEW_ROWS) {
+        rowmajor_product<float, 1>(w, x, nullptr, N, K, O, out);
       } else {
         rowmajor_product(w, x, nullptr, N, K, O, out);
       }
@@ -448,6 +455,8 @@ struct Linear {
       const auto* w = reinterpret_cast<const uint16_t*>(weight.data_ptr());
       if (N == 1) {
         rowwise_product<uint16_t>(w, nullptr, xb.data(), K, O, out);
+      } else if (N <= FEW_ROWS) {
+        rowmajor_product<uint16_t, 1>(w, nullptr, xb.data(), N, K, O, out);
       } else {
         rowmajor_product(w, nullptr, xb.data(), N, K, O, out);
       }
