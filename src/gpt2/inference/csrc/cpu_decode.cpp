@@ -177,6 +177,10 @@ struct Output {
 };
 
 #ifdef GPT2_AVX512
+static inline __m512 widen_bf16(const uint16_t* p) {  // 16 bfloat16 values (their bits) as float32
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+
 // sums[r * NR + n] = W[r] . x[n] for R weight rows (`w`, K apart) and NS activation rows (xf or xb, K apart). NS
 // is a compile-time count so the R x NS accumulators stay in registers (a runtime count spills them to the stack).
 template <typename W, int64_t R, int64_t NR, int64_t NS>
@@ -205,13 +209,9 @@ static inline void rowmajor_block(const W* w, const float* xf, const uint16_t* x
 #else
       for (int64_t half = 0; half < 32; half += 16) {
         __m512 wv[R];
-        for (int64_t r = 0; r < R; r++) {
-          const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * K + k + half));
-          wv[r] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-        }
+        for (int64_t r = 0; r < R; r++) wv[r] = widen_bf16(w + r * K + k + half);
         for (int64_t n = 0; n < NS; n++) {
-          const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + n * K + k + half));
-          const __m512 xv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+          const __m512 xv = widen_bf16(xb + n * K + k + half);
           for (int64_t r = 0; r < R; r++) acc[r][n] = _mm512_fmadd_ps(wv[r], xv, acc[r][n]);
         }
       }
@@ -235,7 +235,8 @@ static inline void rowmajor_blocks(int64_t ns, const W* w, const float* xf, cons
 // F32 and BF16 against one activation row (a lone decode step): y[0, o] = W[o] . x, weight row after weight row,
 // four accumulators a row. Each thread reads its share of W as one sequential stream, which the hardware
 // prefetchers follow best: 124M float32, all products of a step 7.8 -> 6.5 ms against blocks of 8 weight rows read
-// side by side (8 streams 3 KB apart); bfloat16 4.0 -> 3.8 ms (docs/benchmarks.md, 2026-11-25 stop 28).
+// side by side (8 streams 3 KB apart), bfloat16 4.0 -> 3.8 ms, where the VM's memory was fast; equal where it was
+// contended (docs/benchmarks.md, 2026-11-25 stop 28).
 template <typename W>
 static void rowwise_product(const W* w, const float* xf, const uint16_t* xb, int64_t K, int64_t O, const Output& out) {
   at::parallel_for(0, O, 64, [&](int64_t begin, int64_t end) {
@@ -256,13 +257,8 @@ static void rowwise_product(const W* w, const float* xf, const uint16_t* xb, int
 #ifdef __AVX512BF16__
           return _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512(row + at), (__m512bh)_mm512_loadu_si512(xb + at));
 #else
-          for (int64_t half = 0; half < 32; half += 16) {
-            const __m256i wr = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + at + half));
-            const __m256i xr = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + at + half));
-            a = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(wr), 16)),
-                                _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(xr), 16)), a);
-          }
-          return a;
+          a = _mm512_fmadd_ps(widen_bf16(row + at), widen_bf16(xb + at), a);
+          return _mm512_fmadd_ps(widen_bf16(row + at + 16), widen_bf16(xb + at + 16), a);
 #endif
         };
         for (; k + 128 <= K; k += 128)
@@ -666,7 +662,7 @@ static inline void store_from_float(T* p, int64_t i, float v) {
 template <typename T>
 static inline __m512 load16(const T* p) {  // 16 values of a cache row as float32
   if constexpr (std::is_same_v<T, float>) return _mm512_loadu_ps(p);
-  else return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+  else return widen_bf16(reinterpret_cast<const uint16_t*>(p));
 }
 #endif
 
