@@ -252,19 +252,14 @@ def sample_next_token(
     >>> sample_next_token(torch.tensor([[0.0, 3.0, float("inf")]]), temperature=1e-45).tolist()
     [2]
     """
-    logits = logits.float().nan_to_num(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
-    # A row holding +inf: its +inf tokens share the draw (score 0), the rest can't be drawn. No device sync.
-    infinite = torch.isposinf(logits)  # (B, V)
-    logits = torch.where(infinite.any(dim=-1, keepdim=True), torch.where(infinite, 0.0, -math.inf), logits)
-    best = logits.amax(dim=-1, keepdim=True)  # (B, 1)
-    if bool(torch.isneginf(best).any()):
-        row = int(torch.isneginf(best).nonzero()[0, 0])
-        raise ValueError(
-            f"row {row}: every token has logit -inf, nothing is left to draw; the bans, biases or limits exclude "
-            "the whole vocabulary"
-        )
+    logits = logits.float()
+    # The common case first: a finite sum means every logit is finite (NaN and +-inf carry into it; so does an
+    # overflow of huge values, which then takes the careful path). One pass and the one device sync.
+    if not bool(logits.sum().isfinite()):
+        logits = _special_values_resolved(logits)
     if temperature < GREEDY_BELOW_TEMPERATURE:
         return logits.argmax(dim=-1)
+    best = logits.amax(dim=-1, keepdim=True)  # (B, 1)
     # Shifted so the best logit is 0: dividing by a small temperature then only pushes the others towards -inf
     # (never +inf or NaN), and at least one token keeps probability 1 before normalization.
     logits = (logits - best) / temperature
@@ -273,6 +268,21 @@ def sample_next_token(
     if top_p is not None:
         logits = filter_top_p(logits, top_p)
     return draw(F.softmax(logits, dim=-1), generator)
+
+
+def _special_values_resolved(logits: torch.Tensor) -> torch.Tensor:
+    """Logits (B, V) holding NaN, +-inf or huge values -> what sampling draws from: NaN counts as -inf; a row
+    holding +inf keeps only its +inf tokens, sharing the draw (score 0); a row with nothing left is an error."""
+    logits = logits.nan_to_num(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
+    infinite = torch.isposinf(logits)  # (B, V)
+    logits = torch.where(infinite.any(dim=-1, keepdim=True), torch.where(infinite, 0.0, -math.inf), logits)
+    banned = torch.isneginf(logits.amax(dim=-1))  # (B,)
+    if bool(banned.any()):
+        raise ValueError(
+            f"row {int(banned.nonzero()[0, 0])}: every token has logit -inf, nothing is left to draw; the bans, "
+            "biases or limits exclude the whole vocabulary"
+        )
+    return logits
 
 
 def draw(probs: torch.Tensor, generator: Generators = None) -> torch.Tensor:
