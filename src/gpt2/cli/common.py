@@ -59,6 +59,18 @@ def add_speculation_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def load_speculative_llm(args: argparse.Namespace) -> LLM:
+    """`LLM.load` of --model / --tokenizer / --device / --dtype with the speculation flags' draft or lookup."""
+    return LLM.load(
+        args.model,
+        tokenizer=args.tokenizer,
+        device=args.device,
+        precision=args.dtype,
+        draft=args.draft,
+        prompt_lookup=args.prompt_lookup,
+    )
+
+
 def add_sampling_arguments(parser: argparse.ArgumentParser, *, max_tokens: int = 256) -> None:
     """--max-new-tokens, --temperature, --top-p, --top-k, --stop, --stop-token-id, --seed, -n: one flag per
     SamplingParams field, with its default; `sampling_params(args)` builds (and so validates) the dataclass."""

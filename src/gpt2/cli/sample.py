@@ -16,8 +16,13 @@ import argparse
 import sys
 from typing import Any
 
-from gpt2.api import LLM
-from gpt2.cli.common import add_model_arguments, add_sampling_arguments, add_speculation_arguments, sampling_params
+from gpt2.cli.common import (
+    add_model_arguments,
+    add_sampling_arguments,
+    add_speculation_arguments,
+    load_speculative_llm,
+    sampling_params,
+)
 
 SAMPLE_SEPARATOR = "\n" + "-" * 40 + "\n"
 
@@ -47,14 +52,7 @@ def run(args: argparse.Namespace) -> int:
         prompt = sys.stdin.read()
     if not prompt:
         raise ValueError("the prompt is empty; pass --prompt TEXT or pipe text on stdin")
-    llm = LLM.load(
-        args.model,
-        tokenizer=args.tokenizer,
-        device=args.device,
-        precision=args.dtype,
-        draft=args.draft,
-        prompt_lookup=args.prompt_lookup,
-    )
+    llm = load_speculative_llm(args)
     engine = dict(truncate=args.truncate, slide_by=args.slide_by, compile=args.compile)
     if params.num_beams > 1:  # beams are whole sequences: printed once found, best first
         beams = llm.generate(prompt, params)

@@ -18,8 +18,7 @@ import os
 from functools import partial
 from typing import Any
 
-from gpt2.api import LLM
-from gpt2.cli.common import add_model_arguments, add_speculation_arguments
+from gpt2.cli.common import add_model_arguments, add_speculation_arguments, load_speculative_llm
 from gpt2.serve.config import ServerConfig
 
 API_KEY_ENV = "GPT2_SERVE_API_KEY"
@@ -96,14 +95,5 @@ def run(args: argparse.Namespace) -> int:
         from gpt2.serve.server import serve
     except ModuleNotFoundError as err:
         raise ValueError(f"gpt2 serve needs the package {err.name!r}: pip install 'gpt2-faithful[serve]'") from err
-    load = partial(
-        LLM.load,
-        args.model,
-        tokenizer=args.tokenizer,
-        device=args.device,
-        precision=args.dtype,
-        draft=args.draft,
-        prompt_lookup=args.prompt_lookup,
-    )
-    serve(load, config, log_level=args.log_level)
+    serve(partial(load_speculative_llm, args), config, log_level=args.log_level)
     return 0
