@@ -185,26 +185,29 @@ static inline __m512 widen_bf16(const uint16_t* p) {  // 16 bfloat16 values (the
 // is a compile-time count so the R x NS accumulators stay in registers (a runtime count spills them to the stack).
 template <typename W, int64_t R, int64_t NR, int64_t NS>
 static inline void rowmajor_block(const W* w, const float* xf, const uint16_t* xb, int64_t K, float* sums) {
-  __m512 acc[R][NS];
-  for (int64_t r = 0; r < R; r++)
-    for (int64_t n = 0; n < NS; n++) acc[r][n] = _mm512_setzero_ps();
-  if constexpr (std::is_same_v<W, float>) {
-    for (int64_t k = 0; k < K; k += 16) {
+  // C independent chains of sums per (weight row, activation row), over alternating vectors of k: with few rows
+  // (1 x 2 ... 1 x 4) one chain each would wait on the latency of its previous fused multiply-add.
+  constexpr int64_t C = R * NS >= 8 ? 1 : (R * NS >= 4 ? 2 : 4);
+  __m512 acc[C][R][NS];
+  for (int64_t c = 0; c < C; c++)
+    for (int64_t r = 0; r < R; r++)
+      for (int64_t n = 0; n < NS; n++) acc[c][r][n] = _mm512_setzero_ps();
+  // one vector step: 16 inputs (F32) or 32 (BF16) at k into chain c
+  auto step = [&](int64_t c, int64_t k) {
+    if constexpr (std::is_same_v<W, float>) {
       __m512 wv[R];
       for (int64_t r = 0; r < R; r++) wv[r] = _mm512_loadu_ps(w + r * K + k);
       for (int64_t n = 0; n < NS; n++) {
         const __m512 xv = _mm512_loadu_ps(xf + n * K + k);
-        for (int64_t r = 0; r < R; r++) acc[r][n] = _mm512_fmadd_ps(wv[r], xv, acc[r][n]);
+        for (int64_t r = 0; r < R; r++) acc[c][r][n] = _mm512_fmadd_ps(wv[r], xv, acc[c][r][n]);
       }
-    }
-  } else {
-    for (int64_t k = 0; k < K; k += 32) {
+    } else {
 #ifdef __AVX512BF16__
       __m512i wv[R];
       for (int64_t r = 0; r < R; r++) wv[r] = _mm512_loadu_si512(w + r * K + k);
       for (int64_t n = 0; n < NS; n++) {
         const __m512i xv = _mm512_loadu_si512(xb + n * K + k);
-        for (int64_t r = 0; r < R; r++) acc[r][n] = _mm512_dpbf16_ps(acc[r][n], (__m512bh)wv[r], (__m512bh)xv);
+        for (int64_t r = 0; r < R; r++) acc[c][r][n] = _mm512_dpbf16_ps(acc[c][r][n], (__m512bh)wv[r], (__m512bh)xv);
       }
 #else
       for (int64_t half = 0; half < 32; half += 16) {
@@ -212,14 +215,23 @@ static inline void rowmajor_block(const W* w, const float* xf, const uint16_t* x
         for (int64_t r = 0; r < R; r++) wv[r] = widen_bf16(w + r * K + k + half);
         for (int64_t n = 0; n < NS; n++) {
           const __m512 xv = widen_bf16(xb + n * K + k + half);
-          for (int64_t r = 0; r < R; r++) acc[r][n] = _mm512_fmadd_ps(wv[r], xv, acc[r][n]);
+          for (int64_t r = 0; r < R; r++) acc[c][r][n] = _mm512_fmadd_ps(wv[r], xv, acc[c][r][n]);
         }
       }
 #endif
     }
-  }
+  };
+  constexpr int64_t V = std::is_same_v<W, float> ? 16 : 32;  // inputs a vector step takes
+  int64_t k = 0;
+  for (; k + C * V <= K; k += C * V)
+    for (int64_t c = 0; c < C; c++) step(c, k + c * V);
+  for (; k < K; k += V) step(0, k);
   for (int64_t r = 0; r < R; r++)
-    for (int64_t n = 0; n < NS; n++) sums[r * NR + n] = _mm512_reduce_add_ps(acc[r][n]);
+    for (int64_t n = 0; n < NS; n++) {
+      __m512 total = acc[0][r][n];
+      for (int64_t c = 1; c < C; c++) total = _mm512_add_ps(total, acc[c][r][n]);
+      sums[r * NR + n] = _mm512_reduce_add_ps(total);
+    }
 }
 
 // rowmajor_block for a runtime count ns in [1, NS]
