@@ -436,38 +436,52 @@ def test_a_model_with_inputs_outside_blocks_of_32_keeps_the_pytorch_layouts() ->
     assert native_decoder(model) is None
 
 
-# ------------------------------------------------------------------------------------------ portable build
+# ------------------------------------------------------------------------------------------ builds for other CPUs
+BUILDS = {
+    # the plain C++ paths of CPUs without AVX-512
+    "portable": ("-march=x86-64-v2", ()),
+    # AVX-512 without the bfloat16 dot-product instructions (Skylake-X to Ice Lake): bfloat16 widened to float32
+    "avx512_no_bf16": ("-march=skylake-avx512", VECTOR_FLAGS),
+}
+
+
 @pytest.mark.slow
-def test_portable_build_computes_what_this_cpus_build_computes(tmp_path: Path) -> None:
-    """The same source without AVX-512 (the plain C++ paths other CPUs run), loaded under another namespace."""
+@pytest.mark.parametrize("build", list(BUILDS))
+def test_other_builds_compute_what_this_cpus_build_computes(build: str, tmp_path: Path) -> None:
+    """The same source for other CPUs, loaded under another namespace (each on the CPUs that can run it)."""
     from torch.utils.cpp_extension import load
 
+    march, needs = BUILDS[build]
+    if not kernels.cpu_flags().issuperset(needs):
+        pytest.skip(f"this CPU lacks {', '.join(needs)}")
+    library = f"gpt2_{build}"
     load(
-        name="gpt2_portable_test",
+        name=f"{library}_test",
         sources=[str(SOURCE)],
-        extra_cflags=["-O2", "-march=x86-64-v2", "-fopenmp", "-DGPT2_OPS=gpt2_portable"],
+        extra_cflags=["-O2", march, "-fopenmp", f"-DGPT2_OPS={library}"],
         build_directory=str(tmp_path),
         is_python_module=False,
     )
-    portable = torch.ops.gpt2_portable
+    other = getattr(torch.ops, library)
     torch.manual_seed(SEED)
     layer = torch.nn.Linear(128, 301)
-    x = torch.randn(5, 128)
-    for precision in PRECISIONS:
-        weight, scale = stored(layer, precision)
-        arguments = (weight, scale, layer.bias.detach(), KIND[precision], 301)
-        torch.testing.assert_close(portable.linear(x, *arguments), native_linear(x, *arguments), atol=1e-5, rtol=1e-5)
-        if precision in ("int8", "int4"):
-            dequantized = (weight, scale, KIND[precision], 128, 301, torch.float32)
-            assert torch.equal(portable.dequantize(*dequantized), torch.ops.gpt2.dequantize(*dequantized))
+    for rows in (1, 2, 5):  # one row, few rows, blocks of 4 and a rest
+        x = torch.randn(rows, 128)
+        for precision in PRECISIONS:
+            weight, scale = stored(layer, precision)
+            arguments = (weight, scale, layer.bias.detach(), KIND[precision], 301)
+            torch.testing.assert_close(other.linear(x, *arguments), native_linear(x, *arguments), atol=1e-5, rtol=1e-5)
+            if precision in ("int8", "int4") and rows == 1:
+                dequantized = (weight, scale, KIND[precision], 128, 301, torch.float32)
+                assert torch.equal(other.dequantize(*dequantized), torch.ops.gpt2.dequantize(*dequantized))
     model = random_gpt()
     tokens, key_mask, cache, positions = step_inputs(model, [7, 3])
     theirs = copy.deepcopy(cache)
-    logits = native_decoder(model, library="gpt2_portable").step(  # type: ignore[union-attr]
+    logits = native_decoder(model, library=library).step(  # type: ignore[union-attr]
         tokens, cache, positions=positions, key_mask=key_mask
     )
     expected = native_decoder(model).step(tokens, theirs, positions=positions, key_mask=key_mask)  # type: ignore[union-attr]
     torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
     span, cache = torch.tensor([3, 1, 4, 1, 5, 9]), prefilled(model, 7)
-    logits = native_decoder(model, library="gpt2_portable").extend(span, copy.deepcopy(cache))  # type: ignore[union-attr]
+    logits = native_decoder(model, library=library).extend(span, copy.deepcopy(cache))  # type: ignore[union-attr]
     torch.testing.assert_close(logits, native_decoder(model).extend(span, cache), atol=1e-5, rtol=1e-5)  # type: ignore[union-attr]
