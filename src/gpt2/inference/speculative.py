@@ -292,8 +292,8 @@ def speculative_stream(
 
     The sampling options mean what they mean in `gpt2.inference.generation.stream`; the tokens are those plain
     decoding gives (greedy) or distributed as they are (sampling), module docstring. Ends after an id in
-    stop_token_ids (yielded) or max_new_tokens tokens. vocab_limit: never draw ids >= this. native: run
-    one-token forwards (the draft model's steps, steps with nothing drafted) in the native decoder where it can.
+    stop_token_ids (yielded) or max_new_tokens tokens. vocab_limit: never draw ids >= this. native: run the
+    verifications and the draft model's steps (spans of up to NATIVE_SPAN tokens) in the native decoder where it can.
     stats: filled in with the counts of drafted and accepted tokens.
 
     >>> from gpt2 import GPT, GPTConfig
