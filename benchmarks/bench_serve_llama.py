@@ -185,7 +185,7 @@ def main() -> None:
                 names = list(commands) if round_ % 2 == 0 else list(reversed(commands))
                 for name in names:
                     with served(commands[name], args.threads, args.server_log) as url:
-                        warm(url)
+                        warm(url, args.prompt_tokens)
                         for clients in args.clients:
                             row = load(url, clients, args.requests, args.prompt_tokens, args.max_tokens, round_)
                             results["load"].append({"dtype": dtype, "server": name, "clients": clients} | row)
@@ -196,7 +196,7 @@ def main() -> None:
             if args.chat_turns and "float32" in servers:
                 no_cache = [*servers["float32"]["ours"], "--no-prefix-cache"]
                 with served(no_cache, args.threads, args.server_log) as url:
-                    warm(url)
+                    warm(url, args.prompt_tokens)
                     firsts = chat(url, args.chat_turns, round_)
                 results["chat"].append({"dtype": "float32", "server": "ours, no prefix cache", "ttft_s": firsts})
     report(results, args)
@@ -204,10 +204,12 @@ def main() -> None:
         args.json.write_text(json.dumps(results, indent=2))
 
 
-def warm(url: str) -> None:
-    """One short request: first-call costs out of the figures."""
+def warm(url: str, prompt_tokens: int) -> None:
+    """First-call costs out of the figures: a short prompt, and one of the measured length (a server's first prompt
+    of a length pays once for it: oneDNN builds its kernels for each new shape, ~4-20 ms on this CPU)."""
     with connect(url) as http:
-        streamed(http, list(range(100, 116)), 4)
+        for length in sorted({16, prompt_tokens}):
+            streamed(http, list(range(100, 100 + length)), 4)
 
 
 def report(results: dict[str, Any], args: argparse.Namespace) -> None:
