@@ -19,7 +19,7 @@ import time
 
 import openai
 
-from bench_speculative import code_prompts
+from bench_speculative import add_workload_arguments, code_prompts
 from common import served
 from gpt2.api import LLM
 
@@ -28,12 +28,7 @@ NAME = "target"
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", required=True)
-    parser.add_argument("--draft", required=True)
-    parser.add_argument("--prompts", type=int, default=4)
-    parser.add_argument("--prompt-tokens", type=int, default=48)
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
+    add_workload_arguments(parser)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
 

@@ -44,17 +44,22 @@ def code_prompts(llm: LLM, count: int, length: int) -> list[list[int]]:
     return prompts
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """The models and the code-continuation workload (also bench_serve_speculative.py's)."""
     parser.add_argument("--target", required=True)
     parser.add_argument("--draft", required=True)
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--prompt-tokens", type=int, default=48)
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_workload_arguments(parser)
     parser.add_argument("--lookup-tokens", type=int, default=10)
     parser.add_argument("--draft-tokens", type=int, default=8)
     parser.add_argument("--draft-confidence", type=float, default=0.4)
-    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
