@@ -192,6 +192,39 @@ def test_samples_never_leave_the_nucleus() -> None:
     assert set(draws.tolist()) == {0, 1}
 
 
+def full_vocabulary_draw(
+    logits: torch.Tensor, seed: int, temperature: float, top_k: int, top_p: float | None
+) -> torch.Tensor:
+    """The sampler's rule written out over the whole vocabulary: scale, top-k, top-p, softmax, one draw."""
+    from gpt2.inference.sampling import draw
+
+    scaled = filter_top_k((logits - logits.amax(dim=-1, keepdim=True)) / temperature, top_k)
+    if top_p is not None:
+        scaled = filter_top_p(scaled, top_p)
+    return draw(torch.softmax(scaled, dim=-1), torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize(("temperature", "top_k", "top_p"), [(0.8, 50, None), (1.3, 5, 0.7), (0.5, 400, 0.95)])
+def test_top_k_draws_are_those_of_the_whole_vocabulary_computation(
+    temperature: float, top_k: int, top_p: float | None
+) -> None:
+    # sample_next_token draws among the k candidates alone; same seed, same token as over all 50257 ids
+    for seed in range(200):
+        logits = torch.randn(2, 50257, generator=torch.Generator().manual_seed(seed)) * 4
+        options = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+        drawn = sample_next_token(logits, generator=torch.Generator().manual_seed(seed), **options)
+        assert torch.equal(drawn, full_vocabulary_draw(logits, seed, **options))
+
+
+def test_top_k_keeps_every_token_tied_with_the_kth_when_sampling() -> None:
+    logits = torch.tensor([[0.0, 5.0, 1.0, 5.0, 1.0, 1.0, -3.0]]).expand(3000, -1)  # the 3rd largest ties thrice
+    two = sample_next_token(logits, top_k=2, generator=torch.Generator().manual_seed(0))
+    assert set(two.tolist()) == {1, 3}
+    three = sample_next_token(logits, top_k=3, generator=torch.Generator().manual_seed(0))
+    assert set(three.tolist()) == {1, 2, 3, 4, 5}  # 5, 5 and the three tied 1s
+    assert torch.equal(three, full_vocabulary_draw(logits, 0, temperature=1.0, top_k=3, top_p=None))
+
+
 def test_temperature_zero_is_argmax() -> None:
     logits = torch.randn(5, 40, generator=torch.Generator().manual_seed(0))
     assert torch.equal(sample_next_token(logits, temperature=0), logits.argmax(-1))

@@ -219,6 +219,11 @@ class _Sequence:
         if grammar is not None:  # after the rules, as the offline decoder runs it
             self.processors.append(grammar)
         self.tokens = list(request.prompt)  # what the rules and the drafter see: the prompt, then every token drawn
+        # the same as the rules take them, (1, P + max_new) filled as tokens come (a tensor built from the list each
+        # step cost ~15 us at 300 tokens, ~40 at 1000)
+        self.token_ids = None
+        if self.processors:
+            self.token_ids = torch.tensor([self.tokens + [0] * max_new], dtype=torch.long, device=device)
         self.speculable = not self.processors and request.logprobs is None  # speculative steps can serve it
         self.generator = torch.Generator(device=device)
         if params.seed is not None:
@@ -636,8 +641,8 @@ class Engine:
     def _draw(sequence: _Sequence, logits: torch.Tensor) -> int:
         """One sequence's next token from its logits (1, V): its rules, then the one sampler every decoder uses."""
         params = sequence.request.params
-        if sequence.processors:
-            token_ids = torch.tensor([sequence.tokens], dtype=torch.long, device=logits.device)  # (1, T)
+        if sequence.token_ids is not None:  # it has rules
+            token_ids = sequence.token_ids[:, : len(sequence.tokens)]  # (1, T)
             logits = apply_processors(sequence.processors, token_ids, logits.clone())
         drawn = sample_next_token(
             logits, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, generator=sequence.generator
@@ -656,6 +661,8 @@ class Engine:
         sequence.generated += 1
         sequence.pending = token
         sequence.tokens.append(token)
+        if sequence.token_ids is not None:
+            sequence.token_ids[0, len(sequence.tokens) - 1] = token
         output = SequenceOutput(sequence.index, prompt_logprobs=prompt_logprobs, completion_tokens=sequence.generated)
         reason = None
         if token == self.eot_token or token in sequence.stop_ids:
