@@ -120,7 +120,7 @@ def test_many_rows_multiply_by_the_dequantized_weight(
     monkeypatch.setattr(kernels, "many_rows_dtype", lambda: many_rows_dtype)
     torch.manual_seed(SEED)
     layer = NativeLinear.from_linear(torch.nn.Linear(64, 96), precision)
-    x = torch.randn(2, MANY_ROWS // 2 + 1, 64)  # (B, T, in) with B * T >= MANY_ROWS
+    x = torch.randn(2, MANY_ROWS[precision] // 2 + 1, 64)  # (B, T, in) with B * T >= MANY_ROWS
     y, expected = layer(x), layer.reference_forward(x)
     assert y.dtype == x.dtype
     # bfloat16 rounds the activations and the products' inputs to 8 bits of mantissa: ~1% of the output's scale

@@ -44,7 +44,10 @@ BUILD_LOCK = "gpt2-build.flock"  # in the build folder: held (fcntl) by the one 
 TILE = 16  # output rows per tile of the packed formats
 BLOCK = 32  # inputs per activation-quantization block and per int4 group
 VECTOR_FLAGS = ("avx512f", "avx512bw", "avx512vl")  # the CPU flags the file's vector paths need (GPT2_AVX512)
-MANY_ROWS = 64  # rows from which NativeLinear multiplies by the dequantized weight (measured crossover)
+# Rows from which NativeLinear multiplies by the dequantized weight, per precision (measured crossovers, 124M on
+# the 2-core Zen 5 VM, a prefill of P tokens: int8 24-32 (P = 63: 68 ms native, 38 dequantized), int4 the same,
+# bfloat16 64; docs/benchmarks.md 2026-11-25, stop 29). The native product reads the weights once every 4 rows.
+MANY_ROWS = {"bfloat16": 64, "int8": 32, "int4": 32}
 INT8_MAX = 127
 INT4_LEVELS = 15
 KIND = {"float32": 0, "bfloat16": 1, "int8": 2, "int4": 3}  # the C++ file's `Kind`
@@ -205,9 +208,9 @@ class NativeLinear(nn.Module):
     """y = x W^T + b with W in bfloat16 or a packed int8 / int4 format, on the native kernels. Activations and
     output keep the input's dtype. For inference only.
 
-    A few rows (decode steps, small batches) stream the weight through the native product; from MANY_ROWS rows on
-    (prefills, evaluation) one matrix product over the weight dequantized on the fly is faster, in the dtype this
-    CPU multiplies fastest (`many_rows_dtype`)."""
+    A few rows (decode steps, small batches) stream the weight through the native product; from
+    MANY_ROWS[precision] rows on (prefills, evaluation) one matrix product over the weight dequantized on the fly
+    is faster, in the dtype this CPU multiplies fastest (`many_rows_dtype`)."""
 
     weight_packed: torch.Tensor
     scale: torch.Tensor | None
@@ -244,7 +247,7 @@ class NativeLinear(nn.Module):
         return cls(precision, weight, scale, linear.bias, linear.in_features, linear.out_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() // x.shape[-1] >= MANY_ROWS:
+        if x.numel() // x.shape[-1] >= MANY_ROWS[self.precision]:
             dtype = many_rows_dtype()
             bias = None if self.bias is None else self.bias.to(dtype)
             return F.linear(x.to(dtype), self.dequantized_weight(dtype), bias).to(x.dtype)
