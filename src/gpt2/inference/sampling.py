@@ -285,7 +285,7 @@ def _draw_among_top_k(
 ) -> torch.Tensor | None:
     """What the full computation of `sample_next_token` draws from logits (B, V) with 1 <= top_k < V, computed
     over the k candidates alone (B, k): one pass over the vocabulary (top-k) instead of ten (V = 50257, one row:
-    216 -> 98 us, 889 -> 120 with top-p 0.9; benchmarks/bench_sampling.py). The candidates keep the vocabulary's
+    183 -> 98 us, 835 -> 120 with top-p 0.9; benchmarks/bench_sampling.py). The candidates keep the vocabulary's
     order, so the inverse CDF walks them as it walks the whole row (where every other token has probability 0),
     with the same one uniform number per row: the same token, up to the float rounding of the softmax's sum.
     None when a row's candidates are not all finite, or it has ties at the k-th value reaching past k (the full

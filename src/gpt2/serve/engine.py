@@ -221,7 +221,7 @@ class _Sequence:
         self.tokens = list(request.prompt)  # what the rules and the drafter see: the prompt, then every token drawn
         # the same as the rules take them, (1, P + max_new) filled as tokens come (a tensor built from the list each
         # step cost ~15 us at 300 tokens, ~40 at 1000)
-        self.token_ids = None
+        self.token_ids: torch.Tensor | None = None
         if self.processors:
             self.token_ids = torch.tensor([self.tokens + [0] * max_new], dtype=torch.long, device=device)
         self.speculable = not self.processors and request.logprobs is None  # speculative steps can serve it
