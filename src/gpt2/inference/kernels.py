@@ -46,7 +46,7 @@ BLOCK = 32  # inputs per activation-quantization block and per int4 group
 VECTOR_FLAGS = ("avx512f", "avx512bw", "avx512vl")  # the CPU flags the file's vector paths need (GPT2_AVX512)
 # Rows from which NativeLinear multiplies by the dequantized weight, per precision (measured crossovers, 124M on
 # the 2-core Zen 5 VM, a prefill of P tokens: int8 24-32 (P = 63: 68 ms native, 38 dequantized), int4 the same,
-# bfloat16 64; docs/benchmarks.md 2026-11-25, stop 29). The native product reads the weights once every 4 rows.
+# bfloat16 64; benchmarks/bench_prefill_crossover.py). The native product reads the weights once every 4 rows.
 MANY_ROWS = {"bfloat16": 64, "int8": 32, "int4": 32}
 INT8_MAX = 127
 INT4_LEVELS = 15
