@@ -749,10 +749,13 @@ def test_a_vanishing_temperature_is_greedy_not_an_id_past_the_vocabulary(model: 
     assert SamplingParams(temperature=1e-45).greedy and not SamplingParams(temperature=1e-5).greedy
 
 
-def test_one_generator_per_row_draws_what_each_row_draws_alone() -> None:
-    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
-    together = sample_next_token(logits, generator=[torch.Generator().manual_seed(s) for s in (7, 8, 9)])
+@pytest.mark.parametrize("options", [{}, {"top_k": 10, "temperature": 0.7}, {"top_k": 10, "top_p": 0.8}])
+def test_one_generator_per_row_draws_what_each_row_draws_alone(options: dict) -> None:
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0)) * 3
+    generators = [torch.Generator().manual_seed(s) for s in (7, 8, 9)]
+    together = sample_next_token(logits, generator=generators, **options)
     alone = [
-        int(sample_next_token(logits[i : i + 1], generator=torch.Generator().manual_seed(7 + i))[0]) for i in range(3)
+        int(sample_next_token(logits[i : i + 1], generator=torch.Generator().manual_seed(7 + i), **options)[0])
+        for i in range(3)
     ]
     assert together.tolist() == alone
