@@ -259,7 +259,7 @@ def sample_next_token(
         top, best_ids = logits.max(dim=-1)  # the first index of the maximum, as argmax
         if bool(top.isfinite().all()):
             return best_ids
-    elif top_k is not None and top_k < logits.size(-1):
+    elif top_k is not None and 1 <= top_k < logits.size(-1):  # a bad top_k gets filter_top_k's error below
         drawn = _draw_among_top_k(logits, temperature, top_k, top_p, generator)
         if drawn is not None:
             return drawn
@@ -290,8 +290,6 @@ def _draw_among_top_k(
     with the same one uniform number per row: the same token, up to the float rounding of the softmax's sum.
     None when a row's candidates are not all finite, or it has ties at the k-th value reaching past k (the full
     computation keeps them all)."""
-    if top_k < 1:
-        filter_top_k(logits, top_k)  # its error
     values, ids = torch.topk(logits, top_k + 1, dim=-1)  # (B, k + 1), largest first (NaN first too)
     # NaN or +inf on top: the careful path resolves them. A (k + 1)-th tied with the k-th: the full computation
     # keeps both (-inf candidates always tie so).
