@@ -363,6 +363,22 @@ def test_float32_prompts_multiply_in_onednn_with_the_models_own_weights_and_logi
         torch.testing.assert_close(prepared(tokens).logits, plain(tokens).logits, atol=1e-5, rtol=1e-5)
 
 
+def test_onednn_layer_multiplies_by_a_packed_copy_made_again_when_the_weight_changes() -> None:
+    """The packed weight is oneDNN's own layout of the same values (not a buffer: state_dict holds the plain
+    weight only); a weight changed in place (a merged adapter, a loaded state) is packed again before use."""
+    torch.manual_seed(SEED)
+    layer = layouts.OneDNNLinear.from_linear(torch.nn.Linear(64, 96))
+    packed = layer.packed_weight()
+    assert packed.is_mkldnn and layer.packed_weight() is packed  # made once, at conversion
+    assert set(layer.state_dict()) == {"weight", "bias"}
+    x = torch.randn(3, 7, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
+        layer.weight.mul_(-2.0)
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
+    assert layer.packed_weight() is not packed
+
+
 def test_float32_steps_of_many_rows_run_the_model_and_of_few_rows_the_native_decoder() -> None:
     """Past FLOAT32_MAX_ROWS rows oneDNN's products (the weights read once for all rows) beat the native float32
     product (read again every 4 rows); the packed formats read them once either way and always step natively."""

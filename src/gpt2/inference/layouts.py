@@ -41,6 +41,9 @@ import torch.nn.functional as F
 from gpt2.inference.kernels import BLOCK, INT4_LEVELS, NativeLinear, quantize_int8_rows, use_native_kernels
 from gpt2.runtime.device import cpu_prefers_bf16
 
+# The rows oneDNN lays a packed weight out for: prompts and batched steps of 1-1024 rows all ran as fast as with
+# the layout for their own count (16 and 64 measured alike; 1 is slower for many rows).
+PACKED_ROWS = 64
 INT8_LARGE_WEIGHT = 2**23  # elements: beyond this (the LM head), dequantizing costs more (Int8Linear)
 INT4_GROUP_SIZE = 32  # inputs sharing one scale and minimum, as in llama.cpp's q4_0 blocks
 INT4_INNER_K_TILES = 2  # the packing's tile parameter (any of 2, 4, 8 on CPU: same results)
@@ -54,24 +57,45 @@ class OneDNNLinear(nn.Linear):
     behind F.linear (MKL). MKL runs its AVX2 code on AMD CPUs; oneDNN uses AVX-512 there: 2.2-2.3x the speed of a
     prompt's products (64-1024 rows) and 1.8x at 1 row on a Zen 5 (docs/benchmarks.md 2026-11-25). The same float32
     arithmetic in another summation order (logits within 1e-4 of transformers', tested). Shares the weight and
-    bias of the layer it replaces, so a tied LM head stays tied. Autograd and other dtypes take nn.Linear's path."""
+    bias of the layer it replaces, so a tied LM head stays tied. Autograd and other dtypes take nn.Linear's path.
+
+    oneDNN multiplies by a copy of the weight laid out in its own blocks (`packed_weight`, made once, and again
+    if the weight is changed in place), as Inductor's frozen CPU graphs and vLLM's CPU backend keep theirs: from a
+    plain weight every product first reorders it. 124M on the 2-core Zen 5: prompts of 30 / 64 / 1024 tokens 1.3 /
+    1.15 / 1.1x faster, a decode step of 16 rows 1.4x (benchmarks/bench_float32_rows.py). The copy costs the
+    weights' memory once more (the native decoder reads the plain weight)."""
+
+    _packed: tuple[torch.Tensor, int, torch.Tensor] | None = None  # (the weight it was made from, its version, copy)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> OneDNNLinear:
         layer = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
         layer.weight, layer.bias = linear.weight, linear.bias
+        if layer.weight.dtype == torch.float32 and layer.weight.device.type == "cpu":
+            layer.packed_weight()  # now, at load time, not in the first prompt's time to first token
         return layer
+
+    def packed_weight(self) -> torch.Tensor:
+        """The weight in oneDNN's blocked layout (an opaque mkldnn tensor, so not a buffer: it is never saved)."""
+        weight, packed = self.weight, self._packed
+        if packed is None or packed[0] is not weight or packed[1] != weight._version:
+            packed = (weight, weight._version, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACKED_ROWS))
+            self._packed = packed
+        return packed[2]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         needs_grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
         if x.dtype != torch.float32 or self.weight.dtype != torch.float32 or x.device.type != "cpu" or needs_grad:
             return super().forward(x)
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(), self.bias, "none", [], "")
 
 
 def onednn_available() -> bool:
-    """PyTorch has its oneDNN backend and the linear op OneDNNLinear calls (a private op Inductor uses)."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    """PyTorch has its oneDNN backend and the ops OneDNNLinear calls (private ops Inductor uses)."""
+    ops = torch.ops.mkldnn
+    return torch.backends.mkldnn.is_available() and all(
+        hasattr(ops, name) for name in ("_linear_pointwise", "_reorder_linear_weight")
+    )
 
 
 class Int8Linear(nn.Module):
