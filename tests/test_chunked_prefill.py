@@ -115,11 +115,11 @@ def test_a_chunked_prompt_reuses_cached_blocks_and_stores_its_own_when_complete(
     model = tiny_gpt()
     cache = PrefixCache(max_bytes=1 << 24)
     header = random_tokens(70, seed=5)
-    ChunkedPrefill(model, header, prefix_cache=cache).advance(70)  # its 4 whole blocks are stored
+    ChunkedPrefill(model, header, prefix_cache=cache).advance(70)  # its 4 whole blocks and 6 tokens are stored
     prompt = [*header, *random_tokens(90, seed=6)]  # 160 tokens: 10 blocks
     prefill = ChunkedPrefill(model, prompt, prefix_cache=cache)
-    assert prefill.done == 4 * BLOCK_TOKENS  # copied in at the start, and counted then
-    assert (cache.queries, cache.hits) == (70 + 160, 4 * BLOCK_TOKENS)
+    assert prefill.done == 70  # the header, copied in at the start, and counted then
+    assert (cache.queries, cache.hits) == (70 + 160, 70)
     last = prefill_in_chunks(prefill, [CHUNK])[-1]
     torch.testing.assert_close(last[0], full_logits(model, prompt)[-1], atol=1e-5, rtol=0)
     assert cache.lookup(prompt).length == 10 * BLOCK_TOKENS  # all its blocks, once its last token was in

@@ -62,20 +62,24 @@ def fake_kv(tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # ------------------------------------------------------------------------------------ the cache
-def test_a_prompt_finds_its_longest_cached_prefix_in_whole_blocks() -> None:
+def test_a_prompt_finds_every_token_it_shares_with_a_cached_one() -> None:
+    """Whole blocks down the hash chain, then as many first tokens of a block stored after them as agree (of a
+    prompt's last, partial block too): token by token, as llama-server reuses a slot's cache."""
     cache = PrefixCache(max_bytes=1 << 20)
     tokens = list(range(40))
     k, v = fake_kv(40)
     cache.insert(tokens, k, v)
-    assert len(cache) == 2 and cache.bytes == 2 * BLOCK_BYTES  # the 8 tokens past the last full block are not kept
+    assert len(cache) == 3 and cache.bytes == 2 * BLOCK_BYTES + BLOCK_BYTES // 2  # 2 whole blocks and 8 tokens
     found = cache.lookup([*tokens, 99])
-    assert found.length == 32
+    assert found.length == 40
     cached_k, cached_v = torch.zeros_like(k[:, :, :20]), torch.zeros_like(v[:, :, :20])
     found.copy_into(cached_k, cached_v)  # a prefix of the prefix: what join_many reuses
     torch.testing.assert_close(cached_k, k[:, :, :20], rtol=0, atol=0)
     torch.testing.assert_close(cached_v, v[:, :, :20], rtol=0, atol=0)
-    assert cache.lookup([*range(20), 0, *range(21, 40)]).length == 16  # differs in block 1
-    assert cache.lookup(list(range(15))).length == 0  # not a whole block
+    assert cache.lookup([*range(20), 0, *range(21, 40)]).length == 20  # differs at token 20, in block 1
+    assert cache.lookup(list(range(15))).length == 15  # the first tokens of block 0
+    assert cache.lookup([*range(37), 0]).length == 37  # of the partial block 2
+    assert cache.lookup([7, *range(1, 40)]).length == 0  # nothing from the first token on
 
 
 def test_a_block_is_keyed_by_every_token_before_it() -> None:
@@ -95,6 +99,16 @@ def test_the_least_recently_used_blocks_are_evicted_under_the_byte_budget() -> N
     cache.insert([4] * 16, *fake_kv(16))  # the fourth evicts the least recently used: second
     assert cache.evictions == 1 and len(cache) == 3 and cache.bytes == 3 * BLOCK_BYTES
     assert [cache.lookup(prompt).length for prompt in (first, second, third)] == [16, 0, 16]
+
+
+def test_an_evicted_block_is_lent_to_no_prompt() -> None:
+    cache = PrefixCache(max_bytes=2 * BLOCK_BYTES)
+    prompt = list(range(24))
+    cache.insert(prompt, *fake_kv(24))  # a whole block and 8 tokens: 1.5 blocks' bytes
+    assert cache.lookup(prompt).length == 24
+    cache.insert([7] * 16, *fake_kv(16))  # room for it: the prompt's last block (its least recent) goes
+    assert cache.evictions == 1 and cache.bytes == 2 * BLOCK_BYTES
+    assert cache.lookup(prompt).length == 16 and cache.lookup([7] * 16).length == 16
 
 
 def test_a_prefix_loses_its_tail_before_its_head() -> None:
@@ -128,7 +142,7 @@ def test_a_join_that_reuses_a_cached_prefix_computes_what_a_full_prefill_does() 
     batch.join(first)
     assert (cache.queries, cache.hits) == (len(first), 0)
     logits = batch.join(second)
-    assert (cache.queries, cache.hits) == (len(first) + len(second), 496)  # 31 whole blocks of the shared 500
+    assert (cache.queries, cache.hits) == (len(first) + len(second), SHARED)  # every token the two share
     torch.testing.assert_close(logits, solo_logits(model, second), atol=1e-5, rtol=0)
     tokens = [[*first], [*second, int(logits.argmax())]]
     tokens[0].append(int(solo_logits(model, first).argmax()))
@@ -146,7 +160,7 @@ def test_a_repeated_prompt_still_prefills_its_last_token() -> None:
     prompt = random_tokens(2 * BLOCK_TOKENS, seed=4)  # exactly two blocks
     batch.join(prompt)
     logits = batch.join(prompt)
-    assert cache.hits == BLOCK_TOKENS  # the second block holds the last token, whose logits must be computed
+    assert cache.hits == 2 * BLOCK_TOKENS - 1  # all but the last token, whose logits must be computed
     torch.testing.assert_close(logits, solo_logits(model, prompt), atol=1e-5, rtol=0)
 
 
@@ -158,16 +172,16 @@ def test_join_many_with_cached_prefixes_of_different_lengths_gives_each_prompts_
     batch.join(header + [1])
     prompts = [
         [*header, *random_tokens(3, seed=6)],  # 64 cached, 3 left
-        [*header[:40], *random_tokens(10, seed=7)],  # 32 cached, 18 left: the most, so every row feeds 18
+        [*header[:40], *random_tokens(10, seed=7)],  # 40 cached (of 3 blocks), 10 left
         random_tokens(9, seed=8),  # nothing cached, shorter than what the others feed
-        [*header, *random_tokens(12, seed=9)],
+        [*header, *random_tokens(12, seed=9)],  # 64 cached, 12 left: the most, so every row feeds 12
     ]
     queries, hits = cache.queries, cache.hits
     logits = batch.join_many(prompts)  # (n, V)
     for prompt, row in zip(prompts, logits, strict=True):
         torch.testing.assert_close(row, solo_logits(model, prompt), atol=1e-5, rtol=0)
     assert cache.queries - queries == sum(map(len, prompts))
-    assert cache.hits - hits == (67 - 18) + 32 + 0 + (76 - 18)  # each row reuses P - 18 of its cached tokens
+    assert cache.hits - hits == (67 - 12) + (50 - 12) + 0 + (76 - 12)  # each row reuses P - 12 of its cached tokens
 
 
 def test_scoring_a_prompt_uses_no_cached_prefix_but_stores_its_blocks() -> None:
@@ -237,7 +251,7 @@ def test_a_second_request_sharing_a_long_prefix_skips_prefilling_it() -> None:
         run_engine(engine, [greedy(second, max_tokens=2)])
     finally:
         engine.stop()
-    assert (cache.queries, cache.hits) == (len(first) + len(second), SHARED // BLOCK_TOKENS * BLOCK_TOKENS)
+    assert (cache.queries, cache.hits) == (len(first) + len(second), SHARED)
 
 
 def test_concurrent_requests_sharing_a_prefix_get_what_they_get_one_by_one() -> None:
@@ -290,7 +304,7 @@ def test_the_metrics_count_queried_and_reused_prompt_tokens() -> None:
         return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples}
 
     llm = LLM(tiny_gpt(), ByteTokenizer(), torch.device("cpu"))
-    header = "You are a helpful assistant. Answer briefly. " * 2  # 90 bytes: 5 whole blocks
+    header = "You are a helpful assistant. Answer briefly. " * 2  # 90 bytes: 5 whole blocks and 10 bytes
     with TestClient(create_app(llm, ServerConfig(model_name="tiny"))) as client:
         before = scrape(client)
         for question in ("Hi?", "Why?"):
@@ -299,8 +313,11 @@ def test_the_metrics_count_queried_and_reused_prompt_tokens() -> None:
         after = scrape(client)
     assert before["gpt2_prefix_cache_queries_total"] == before["gpt2_prefix_cache_hits_total"] == 0
     assert after["gpt2_prefix_cache_queries_total"] == 2 * len(header) + len("Hi?") + len("Why?")
-    assert after["gpt2_prefix_cache_hits_total"] == 80
-    assert after["gpt2_prefix_cache_bytes"] == 5 * BLOCK_BYTES and after["gpt2_prefix_cache_evictions_total"] == 0
+    assert after["gpt2_prefix_cache_hits_total"] == len(header)
+    # 5 whole blocks, and each prompt's last block: the header's last 10 bytes and its question
+    tokens_held = 5 * BLOCK_TOKENS + (10 + len("Hi?")) + (10 + len("Why?"))
+    assert after["gpt2_prefix_cache_bytes"] == tokens_held * BLOCK_BYTES // BLOCK_TOKENS
+    assert after["gpt2_prefix_cache_evictions_total"] == 0
 
 
 def test_gpt2_serve_caches_prefixes_by_default_and_no_prefix_cache_turns_it_off() -> None:

@@ -16,7 +16,7 @@ to the rounding of the batched reductions.
 - Prefix cache (optional, gpt2.serve.prefix_cache): before a prefill, each prompt's longest cached prefix of at
   most P - 1 tokens (one token at least is prefilled, for the logits) is copied into the row's first columns, and
   only the rest is fed, with that prefix as its past (positions go on from the prefix's length); afterwards the
-  prompt's full blocks are stored. In a join_many the rows feed equally many tokens (the most any row has left,
+  prompt's blocks are stored. In a join_many the rows feed equally many tokens (the most any row has left,
   r): a row with fewer left recomputes some of its cached tokens (it reuses P_i - r of them). A join that wants
   every position's logits (prompt scoring) uses no cached prefix, since it needs a prefill of every token.
 - Chunked prefill (ChunkedPrefill, from start_prefill): a long prompt is prefilled a chunk at a time in a cache of
@@ -288,7 +288,7 @@ class ChunkedPrefill:
     Each chunk is one forward with the chunks before it as its past, positions going on from there, as a prompt
     that reuses a cached prefix is fed: the same keys, values and logits as one prefill of the whole prompt, to
     float rounding (tested). With a prefix cache, the prompt's longest cached prefix (at most P - 1 tokens, none
-    when every position's logits are wanted) is copied in first, and its full blocks are stored once its last
+    when every position's logits are wanted) is copied in first, and its blocks are stored once its last
     token is in. A prompt of up to block_size tokens may be prefilled (only scored, it need not leave room).
 
     >>> from gpt2 import GPT, GPTConfig
@@ -354,5 +354,5 @@ def reusable_prefix(prefix_cache: PrefixCache | None, prompt: Sequence[int], *, 
     """The cached prefix a prompt may reuse: at most P - 1 tokens (the last is prefilled for its logits); none
     without a cache or when every position's logits are wanted (they need a prefill of every token)."""
     if prefix_cache is None or all_logits:
-        return CachedPrefix((), 1)
+        return CachedPrefix()
     return prefix_cache.lookup(prompt[:-1])

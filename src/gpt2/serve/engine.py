@@ -30,10 +30,11 @@ the same draws. Sequences with rules (penalties, bans, grammars) or log-probabil
 all sequences while several run.
 
 With a prefix cache (gpt2.serve.prefix_cache), a prompt that starts with an earlier prompt's tokens reuses their
-keys and values instead of prefilling them (in whole blocks, a chunked prompt's too; prompts that ask for their
-own log-probabilities reuse none, as they need every position's logits). Its counters are `prefix_cache.queries`
-/ `.hits`. Those scored prompts are prefilled outside the batch (gpt2.serve.batch.ChunkedPrefill), in chunks when
-long, each chunk's logits scored as they come: what one prefill gives, holding one chunk's (T, V) logits at a time.
+keys and values instead of prefilling them (every token they share, a chunked prompt's too; prompts that ask for
+their own log-probabilities reuse none, as they need every position's logits). Its counters are
+`prefix_cache.queries` / `.hits`. Those scored prompts are prefilled outside the batch
+(gpt2.serve.batch.ChunkedPrefill), in chunks when long, each chunk's logits scored as they come: what one prefill
+gives, holding one chunk's (T, V) logits at a time.
 
 Sequences join and leave only between steps, so a request never waits for another to finish. A sequence's
 prompt + completion is capped at the context (block_size tokens): it ends with finish_reason 'length' there.

@@ -2,15 +2,22 @@
 that a prompt starting with the same tokens (a shared system prompt, a few-shot header, a chat's earlier turns)
 skips prefilling them (vLLM's automatic prefix caching, llama-server's prompt reuse).
 
-Notation: n_layer layers, nh heads, hs = head size, T = tokens.
+Notation: n_layer layers, nh heads, hs = head size, T = tokens, B = BLOCK_TOKENS.
 
-Keys. Block i of a prompt (its tokens [i * BLOCK_TOKENS, (i + 1) * BLOCK_TOKENS)) is stored under a hash chain,
-as vLLM keys its blocks: key_i = H(key_{i-1}, tokens of block i). A key thus names every token up to the block's
-end, and that is all its K/V depend on: the batch feeds each sequence its own position ids 0, 1, ... whatever
-column it sits in (gpt2.serve.batch), so a prefix's K/V are the same in every prompt that starts with it. H is
-128-bit BLAKE2b: two prefixes sharing a key (which would serve one the other's K/V) is not a practical concern.
-Only full blocks are stored, and only prompts' blocks: generated tokens' K/V come from decode steps, which some
-precisions compute with other kernels than a prefill (so reusing them would change what a prompt computes).
+Keys. Block i of a prompt (its tokens [i * B, (i + 1) * B)) is stored under a hash chain, as vLLM keys its blocks:
+key_i = H(key_{i-1}, tokens of block i). A key thus names every token up to the block's end, and that is all its
+K/V depend on: the batch feeds each sequence its own position ids 0, 1, ... whatever column it sits in
+(gpt2.serve.batch), so a prefix's K/V are the same in every prompt that starts with it. H is 128-bit BLAKE2b: two
+prefixes sharing a key (which would serve one the other's K/V) is not a practical concern. A prompt's last, partial
+block (its T mod B last tokens) is stored too, under the same chain over its fewer tokens.
+
+Lookup. Whole blocks are followed down the chain as long as the prompt's next B tokens have one; where they do not,
+the blocks stored under the last one found (whole or partial) lend their first tokens as far as they agree with
+the prompt's. So a prompt reuses every token it shares with an earlier one, not only whole blocks: a chat's next
+turn reuses its previous prompt up to the last token (as llama-server reuses its slot), a repeated prompt all but
+its last token (which is prefilled for the logits). Only prompts' tokens are stored: generated tokens' K/V come
+from decode steps, which some precisions compute with other kernels than a prefill (so reusing them would change
+what a prompt computes).
 
 Memory. At most `max_bytes` of blocks (keys and values together), on the device of the K/V given. The least
 recently used block goes first. A lookup or an insert uses a prompt's blocks from the last to the first, so a
@@ -31,14 +38,16 @@ from dataclasses import dataclass
 
 import torch
 
-BLOCK_TOKENS = 16  # tokens per block: vLLM's default; a prompt reuses its cached prefix in steps of this many
+BLOCK_TOKENS = 16  # tokens per block (vLLM's default): the unit of storage and eviction
 KEY_BYTES = 16  # the hash chain's digest size (128 bits)
 
 
 @dataclass(frozen=True)
 class _Block:
-    k: torch.Tensor  # (n_layer, nh, BLOCK_TOKENS, hs)
+    k: torch.Tensor  # (n_layer, nh, tokens, hs): B tokens, or fewer in a prompt's last block
     v: torch.Tensor
+    tokens: tuple[int, ...]  # the block's own tokens
+    parent: bytes  # the key of the block before it (b"" for a first block)
 
     @property
     def nbytes(self) -> int:
@@ -47,24 +56,25 @@ class _Block:
 
 @dataclass(frozen=True)
 class CachedPrefix:
-    """The cached blocks a prompt starts with (maybe none); `length` tokens in all."""
+    """The cached blocks a prompt starts with (maybe none), of which it reuses the first `length` tokens (all of
+    every block but maybe the last)."""
 
-    blocks: tuple[_Block, ...]
-    block_tokens: int
-
-    @property
-    def length(self) -> int:
-        return len(self.blocks) * self.block_tokens
+    blocks: tuple[_Block, ...] = ()
+    length: int = 0
 
     def copy_into(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write the K and V of the first `tokens` (<= length) tokens into k and v, each (n_layer, nh, tokens, hs),
         block by block: no concatenated copy in between (at 700 tokens of the 124M model one costs ~10 ms)."""
         tokens = k.shape[2]
         assert 0 < tokens <= self.length, f"{tokens} tokens asked of a cached prefix of {self.length}"
-        for start, block in zip(range(0, tokens, self.block_tokens), self.blocks, strict=False):
-            end = min(start + self.block_tokens, tokens)
+        start = 0
+        for block in self.blocks:
+            end = min(start + len(block.tokens), tokens)
             k[:, :, start:end] = block.k[:, :, : end - start]
             v[:, :, start:end] = block.v[:, :, : end - start]
+            start = end
+            if start == tokens:
+                return
 
 
 class PrefixCache:
@@ -72,9 +82,11 @@ class PrefixCache:
 
     >>> cache = PrefixCache(max_bytes=1 << 20)
     >>> k = v = torch.zeros(2, 2, 40, 16)  # (n_layer, nh, T, hs): a prompt of 40 tokens
-    >>> cache.insert(list(range(40)), k, v)  # its 2 full blocks
+    >>> cache.insert(list(range(40)), k, v)  # 2 whole blocks and 8 tokens
     >>> cache.lookup([*range(40), 7]).length  # a prompt that starts with them
-    32
+    40
+    >>> cache.lookup([*range(20), 7]).length  # the first 4 tokens of the second block agree
+    20
     """
 
     def __init__(self, max_bytes: int, *, block_tokens: int = BLOCK_TOKENS) -> None:
@@ -84,6 +96,8 @@ class PrefixCache:
         self.max_bytes = max_bytes
         self.block_tokens = block_tokens
         self._blocks: collections.OrderedDict[bytes, _Block] = collections.OrderedDict()  # least recent first
+        # a key -> the keys of the blocks stored after it (a dict: ordered, so a lookup's choice is reproducible)
+        self._children: dict[bytes, dict[bytes, None]] = {}
         self.bytes = 0  # held now
         self.queries = 0
         self.hits = 0
@@ -94,38 +108,54 @@ class PrefixCache:
         return len(self._blocks)
 
     def lookup(self, tokens: Sequence[int]) -> CachedPrefix:
-        """The longest cached prefix of `tokens` in whole blocks (used: it becomes the most recent)."""
-        found = []
-        for key in self._keys(tokens, len(tokens) // self.block_tokens):
-            block = self._blocks.get(key)
-            if block is None:
+        """The longest cached prefix of `tokens`: whole blocks down the chain, then the first tokens of a block
+        stored under the last one found, as many as agree (module docstring). Its blocks become the most recent."""
+        B = self.block_tokens
+        found: list[bytes] = []
+        length, parent = 0, b""
+        for key in self._keys(tokens, len(tokens) // B):
+            if key not in self._blocks:
                 break
             found.append(key)
+            length, parent = length + B, key
+        rest = tuple(tokens[length : length + B])  # what the next block would hold: fewer than B, or a miss
+        best, agreed = None, 0
+        for key in self._children.get(parent, ()):
+            same = _common_length(self._blocks[key].tokens, rest)
+            if same > agreed:
+                best, agreed = key, same
+        if best is not None:
+            found.append(best)
+            length += agreed
         self._use(found)
-        return CachedPrefix(tuple(self._blocks[key] for key in found), self.block_tokens)
+        return CachedPrefix(tuple(self._blocks[key] for key in found), length)
 
     def insert(self, tokens: Sequence[int], k: torch.Tensor, v: torch.Tensor) -> None:
-        """Keep the full blocks of a prefilled prompt: `tokens` (T) and their K, V (n_layer, nh, T, hs), copied.
-        Blocks already held are only used; a prompt longer than the budget keeps its first blocks."""
-        T = len(tokens)
+        """Keep the blocks of a prefilled prompt, its last partial one too: `tokens` (T) and their K, V
+        (n_layer, nh, T, hs), copied. Blocks already held are only used; a prompt longer than the budget keeps its
+        first blocks."""
+        T, B = len(tokens), self.block_tokens
         assert k.shape == v.shape and k.shape[2] == T, f"K/V {tuple(k.shape)} do not match {T} tokens"
-        if T < self.block_tokens:
-            return
-        block_bytes = 2 * k[:, :, : self.block_tokens].numel() * k.element_size()
-        count = min(T // self.block_tokens, self.max_bytes // block_bytes)
-        keys = self._keys(tokens, count)
-        for i, key in enumerate(keys):
-            if key in self._blocks:
+        token_bytes = 2 * k[:, :, :1].numel() * k.element_size()  # keys and values of one token
+        keys, parent, kept = [], b"", 0  # kept: bytes of this prompt's blocks so far
+        for start in range(0, T, B):
+            block_tokens = tuple(tokens[start : start + B])
+            key = self._key(parent, block_tokens)
+            block_bytes = len(block_tokens) * token_bytes
+            kept += block_bytes
+            if kept > self.max_bytes:
+                break  # the prompt's blocks so far are the most recent and fit the budget: never evicted here
+            if key not in self._blocks:
+                while self.bytes + block_bytes > self.max_bytes:
+                    self._evict()
+                span = slice(start, start + len(block_tokens))
+                self._blocks[key] = _Block(k[:, :, span].clone(), v[:, :, span].clone(), block_tokens, parent)
+                self._children.setdefault(parent, {})[key] = None
+                self.bytes += block_bytes
+            else:
                 self._blocks.move_to_end(key)
-                continue
-            # this prompt's blocks are the most recent and fit the budget together: never evicted here
-            while self.bytes + block_bytes > self.max_bytes:
-                _, evicted = self._blocks.popitem(last=False)
-                self.bytes -= evicted.nbytes
-                self.evictions += 1
-            span = slice(i * self.block_tokens, (i + 1) * self.block_tokens)
-            self._blocks[key] = _Block(k[:, :, span].clone(), v[:, :, span].clone())
-            self.bytes += block_bytes
+            keys.append(key)
+            parent = key
         self._use(keys)
 
     def record(self, queried: int, reused: int) -> None:
@@ -135,15 +165,38 @@ class PrefixCache:
         self.hits += reused
 
     def _keys(self, tokens: Sequence[int], count: int) -> list[bytes]:
-        """The hash-chain keys of the first `count` blocks of `tokens`."""
+        """The hash-chain keys of the first `count` whole blocks of `tokens`."""
         keys, key = [], b""
         for i in range(count):
-            block = array("q", tokens[i * self.block_tokens : (i + 1) * self.block_tokens])
-            key = hashlib.blake2b(key + block.tobytes(), digest_size=KEY_BYTES).digest()
+            key = self._key(key, tokens[i * self.block_tokens : (i + 1) * self.block_tokens])
             keys.append(key)
         return keys
+
+    @staticmethod
+    def _key(parent: bytes, tokens: Sequence[int]) -> bytes:
+        return hashlib.blake2b(parent + array("q", tokens).tobytes(), digest_size=KEY_BYTES).digest()
+
+    def _evict(self) -> None:
+        """Drop the least recently used block."""
+        key, block = self._blocks.popitem(last=False)
+        siblings = self._children[block.parent]
+        del siblings[key]
+        if not siblings:
+            del self._children[block.parent]
+        self.bytes -= block.nbytes
+        self.evictions += 1
 
     def _use(self, keys: list[bytes]) -> None:
         """Mark a prompt's blocks most recent, its first block last (so its tail is evicted before its head)."""
         for key in reversed(keys):
             self._blocks.move_to_end(key)
+
+
+def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many first tokens a and b share."""
+    same = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        same += 1
+    return same
