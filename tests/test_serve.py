@@ -10,6 +10,7 @@ catch the engine mid-request hold it before each decode step (`StepGate`), so no
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -1123,6 +1124,25 @@ def test_on_passing_thread_raises_the_functions_error_in_the_caller() -> None:
 
     with pytest.raises(FileNotFoundError, match="does/not/exist"):
         on_passing_thread(load)
+
+
+def test_serve_keeps_the_loaded_process_out_of_later_garbage_collections(
+    llm: LLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full collection walks every tracked object; the model and app, frozen once loaded, are never walked again."""
+    import uvicorn
+
+    from gpt2.serve.server import serve
+
+    frozen_when_running: list[int] = []
+    monkeypatch.setattr(
+        uvicorn.Server, "run", lambda self, sockets=None: frozen_when_running.append(gc.get_freeze_count())
+    )
+    try:
+        serve(llm, ServerConfig(model_name="tiny", port=0))
+    finally:
+        gc.unfreeze()  # back to how the test process was
+    assert frozen_when_running and frozen_when_running[0] > 10_000
 
 
 def test_gpt2_serve_names_a_missing_model_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
