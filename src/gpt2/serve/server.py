@@ -18,7 +18,7 @@ Garbage collection. Loaded and built, the process holds ~350,000 objects the col
 modules, the app, every imported module), and a full collection walks them all: ~190 ms on the 2-core VM, landing
 on whichever request's allocations set it off (a first request's time to first token was 272 ms instead of ~45).
 `serve` collects once and then freezes what is alive (`gc.freeze`), so later collections walk only what the
-requests allocate.
+requests allocate; it unfreezes them when the server stops.
 """
 
 from __future__ import annotations
@@ -61,14 +61,19 @@ def serve(llm: LLM | Callable[[], LLM], config: ServerConfig, *, log_level: str 
     server = on_passing_thread(lambda: uvicorn_server(load(), config, log_level=log_level))
     gc.collect()
     gc.freeze()  # the loaded process out of every later collection (module docstring)
-    if threading.current_thread() is not threading.main_thread():  # no signals there: uvicorn installs none
-        server.run()
-        return
-    previous = signal.signal(signal.SIGTERM, _drained)
     try:
-        server.run()
+        if threading.current_thread() is not threading.main_thread():  # no signals there: uvicorn installs none
+            server.run()
+            return
+        previous = signal.signal(signal.SIGTERM, _drained)
+        try:
+            server.run()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        # collectable again: the interpreter's last collection at exit frees their cycles (extensions built with
+        # nanobind, which torch imports, report what is left then as leaks)
+        gc.unfreeze()
 
 
 def _drained(signum: int, frame: FrameType | None) -> None:
