@@ -377,6 +377,10 @@ def test_onednn_layer_multiplies_by_a_packed_copy_made_again_when_the_weight_cha
         layer.weight.mul_(-2.0)
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), atol=1e-5, rtol=1e-5)
     assert layer.packed_weight() is not packed
+    copied = copy.deepcopy(layer)  # oneDNN's opaque copy stays behind; the copy packs its own
+    with torch.no_grad():
+        torch.testing.assert_close(copied(x), layer(x), atol=0, rtol=0)
+    assert copied.packed_weight() is not layer.packed_weight()
 
 
 def test_float32_steps_of_many_rows_run_the_model_and_of_few_rows_the_native_decoder() -> None:

@@ -32,7 +32,7 @@ lookups.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.nn as nn
@@ -82,6 +82,13 @@ class OneDNNLinear(nn.Linear):
             packed = (weight, weight._version, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACKED_ROWS))
             self._packed = packed
         return packed[2]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Copies and pickles leave the packed weight out (oneDNN's opaque tensors can be neither); they make their
+        own when they first multiply."""
+        state = self.__dict__.copy()
+        state.pop("_packed", None)
+        return state
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         needs_grad = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
