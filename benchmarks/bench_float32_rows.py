@@ -51,7 +51,6 @@ def stepper(model: GPT, rows: int, native: bool) -> Callable[[], object]:
     assert batch.decoder is not None, "the native kernels did not build here"
     batch.decoder.max_rows = None if native else 0  # None: every step native; 0: every step through the model
     tokens = torch.arange(rows)
-
     return lambda: batch.step(tokens)
 
 

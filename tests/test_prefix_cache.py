@@ -25,7 +25,7 @@ from test_serve import Collector, serve_parser
 
 WAIT_SECONDS = 60  # an upper bound on waits for the engine, never a timing claim
 LONG_CONTEXT = 1024
-SHARED = 500  # tokens two prompts share: 31 whole blocks (496 tokens) are reusable
+SHARED = 500  # tokens two prompts share: 31 whole blocks and 4 tokens of the 32nd, all reusable
 N_LAYER, N_HEAD, HEAD_SIZE = 2, 2, 16
 BLOCK_BYTES = 2 * N_LAYER * N_HEAD * BLOCK_TOKENS * HEAD_SIZE * 4  # keys and values of one block, float32
 

@@ -60,10 +60,10 @@ class OneDNNLinear(nn.Linear):
     bias of the layer it replaces, so a tied LM head stays tied. Autograd and other dtypes take nn.Linear's path.
 
     oneDNN multiplies by a copy of the weight laid out in its own blocks (`packed_weight`, made once, and again
-    if the weight is changed in place), as Inductor's frozen CPU graphs and vLLM's CPU backend keep theirs: from a
-    plain weight every product first reorders it. 124M on the 2-core Zen 5: prompts of 30 / 64 / 1024 tokens 1.3 /
-    1.15 / 1.1x faster, a decode step of 16 rows 1.4x (benchmarks/bench_float32_rows.py). The copy costs the
-    weights' memory once more (the native decoder reads the plain weight)."""
+    if the weight is changed in place), as Inductor's frozen CPU graphs keep theirs: from a plain weight every
+    product first reorders it. 124M on the 2-core Zen 5: prompts of 16 / 64 / 1024 tokens 1.26 / 1.11 / 1.03x
+    faster, a decode step of 16 rows 1.26x (benchmarks/bench_float32_rows.py). The copy costs the weights' memory
+    once more (the native decoder reads the plain weight)."""
 
     _packed: tuple[torch.Tensor, int, torch.Tensor] | None = None  # (the weight it was made from, its version, copy)
 
