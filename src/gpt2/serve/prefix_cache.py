@@ -13,9 +13,9 @@ block (its T mod B last tokens) is stored too, under the same chain over its few
 
 Lookup. Whole blocks are followed down the chain as long as the prompt's next B tokens have one; where they do not,
 the blocks stored under the last one found (whole or partial) lend their first tokens as far as they agree with
-the prompt's. So a prompt reuses every token it shares with an earlier one, not only whole blocks: a chat's next
-turn reuses its previous prompt up to the last token (as llama-server reuses its slot), a repeated prompt all but
-its last token (which is prefilled for the logits). Only prompts' tokens are stored: generated tokens' K/V come
+the prompt's. So a prompt reuses every token it shares with an earlier one, not only whole blocks (llama-server
+reuses a slot's cache token by token too): a chat's next turn reuses all of its previous prompt, a repeated prompt
+all but its last token (which is prefilled for the logits). Only prompts' tokens are stored: generated tokens' K/V come
 from decode steps, which some precisions compute with other kernels than a prefill (so reusing them would change
 what a prompt computes).
 
