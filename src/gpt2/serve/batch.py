@@ -71,7 +71,7 @@ class DecodeBatch:
         self._k, self._v = storage.k, storage.v  # (n_layer, R, nh, block_size, hs)
         device = self._k.device
         self._mask = torch.zeros(max_rows, self.block_size, dtype=torch.long, device=device)  # 1 = a real token
-        self._lengths = torch.zeros(max_rows, dtype=torch.long, device=device)  # n_i: cached tokens of row i
+        self._lengths = [0] * max_rows  # n_i: cached tokens of row i (a list: the step reads it on every token)
         self.size = 0  # B: active rows
         self.width = 0  # L: columns in use
         self.max_rows = max_rows
@@ -81,7 +81,7 @@ class DecodeBatch:
     @property
     def lengths(self) -> list[int]:
         """Cached tokens of each active row (its next token's position)."""
-        return self._lengths[: self.size].tolist()
+        return self._lengths[: self.size]
 
     @torch.no_grad()
     def join(self, prompt: Sequence[int], *, all_logits: bool = False) -> torch.Tensor:
@@ -161,24 +161,24 @@ class DecodeBatch:
         B = self.size
         assert tokens.shape == (B,) and B > 0, f"step wants one token per active row ({B}), got {tuple(tokens.shape)}"
         self._make_room()
-        L = self.width
+        L, lengths = self.width, self._lengths[:B]
         assert L < self.block_size, "a sequence reached the context; the caller must end it first"
         self._mask[:B, L] = 1
-        mask = self._mask[:B, : L + 1]  # (B, L + 1)
         cache = KVCache(self._k[:, :B], self._v[:, :B], length=L)
-        # no padding at all (one row, or rows of equal length): the plain causal path, as a lone sequence
-        key_mask = None if bool(mask.all()) else mask
+        positions = torch.tensor(lengths, device=self._k.device)  # (B,): each row's next position
+        # no padding at all (every row fills every column): the plain causal path, as a lone sequence
+        key_mask = None if min(lengths) == L else self._mask[:B, : L + 1]  # (B, L + 1)
         if self.decoder is not None and self.decoder.takes(B):
-            logits = self.decoder.step(tokens, cache, positions=self._lengths[:B], key_mask=key_mask)  # (B, V)
+            logits = self.decoder.step(tokens, cache, positions=positions, key_mask=key_mask)  # (B, V)
         else:
             logits = self.model(
                 tokens.view(B, 1).to(self._k.device),
                 attention_mask=key_mask,
-                position_ids=self._lengths[:B].view(B, 1),
+                position_ids=positions.view(B, 1),
                 kv_cache=cache,
                 validate=False,
             ).logits[:, -1]  # (B, V)
-        self._lengths[:B] += 1
+        self._lengths[:B] = [n + 1 for n in lengths]
         self.width = L + 1
         return logits
 
@@ -189,7 +189,7 @@ class DecodeBatch:
         causally with no mask (the native decoder's `extend` where it can run it). Needs width + T <= block_size
         once the padding is gone (the caller checks against `lengths`)."""
         assert self.size == 1, "extend feeds the lone row of a batch of one"
-        padding = self.width - int(self._lengths[0])
+        padding = self.width - self._lengths[0]
         if padding:
             self._shift(-padding)  # now columns [0, n) hold the row's n tokens
         L, T = self.width, tokens.shape[0]
@@ -207,7 +207,7 @@ class DecodeBatch:
 
     def rollback(self, count: int) -> None:
         """Forget the lone row's last `count` tokens (rejected drafts): their columns are free again."""
-        assert self.size == 1 and 0 <= count <= int(self._lengths[0]), "rollback drops fed tokens of the lone row"
+        assert self.size == 1 and 0 <= count <= self._lengths[0], "rollback drops fed tokens of the lone row"
         L = self.width
         self._mask[0, L - count : L] = 0
         self._lengths[0] -= count
@@ -259,7 +259,7 @@ class DecodeBatch:
     def _make_room(self) -> None:
         """Drop the padding columns every active row shares when the cache is full or they are many."""
         B, L = self.size, self.width
-        shared_padding = L - int(self._lengths[:B].max())
+        shared_padding = L - max(self._lengths[:B])
         if shared_padding > 0 and (L == self.block_size or shared_padding * COMPACT_FRACTION >= L):
             self._shift(-shared_padding)
 
