@@ -4,14 +4,18 @@ The same random GPT-2 124M (seeded, no network), saved in HF layout with the GPT
 as llama.cpp's own converter (convert_hf_to_gguf.py of the same source tree) writes it, at f32 and q8_0; ours
 serves the directory at float32 and int8. Both servers run as processes of their own with the same threads and
 16 sequences at once (ours: --max-batch 16; llama-server: 16 slots over one unified KV cache of 16 x 1024
-tokens, its default f16 KV cache, flash attention auto, continuous batching), one server at a time.
+tokens, its default f16 KV cache, flash attention auto, continuous batching). Both run side by side (an idle one
+takes no CPU), fresh each round, and are loaded one at a time.
 
 Load: C clients (--clients, default 1, 4, 16, 64) each send --requests streamed /v1/completions one after the
 other; every request has its own --prompt-tokens random token ids (sent as ids: identical prompts for both
 servers, and no prefix cache can reuse one), greedy, end-of-text biased away, --max-tokens new tokens (checked
 through the usage both report). Per server and C: aggregate completion tokens/s (all tokens / wall time), time to
 first token p50 / p99 (sending to the first streamed chunk with a token; a request waiting for a free slot counts
-its wait). Rounds alternate which server goes first; the table shows each cell's median over the rounds.
+its wait). Rounds alternate which server goes first; the table shows each cell's median over the rounds. At one
+client the requests alternate one by one between the servers (--single-requests each, A B B A ...): this VM's
+memory speed changes within seconds (one process decoding float32 at 76 tokens/s, then 138 a second later), so a
+1-client cell of a few requests run one server after the other measured the VM's phase more than the servers.
 
 Chat: one client, --chat-turns turns; turn k's prompt is turn k-1's prompt + a 48-token reply + a 30-token user
 message after a 40-token system prompt (fixed random ids, the same for every server, so each server reuses at most
@@ -30,6 +34,7 @@ Build llama-server from llama-cpp-python's source (no network beyond PyPI):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import statistics
@@ -105,8 +110,9 @@ def streamed(http: httpx.Client, prompt: list[int], max_tokens: int) -> tuple[fl
     return (first if first is not None else end), end
 
 
-def load(url: str, clients: int, requests: int, prompt_tokens: int, max_tokens: int, seed: int) -> dict[str, float]:
-    """C clients, each sending `requests` streamed completions one after the other."""
+def load(url: str, clients: int, requests: int, prompt_tokens: int, max_tokens: int, seed: str) -> dict[str, Any]:
+    """C clients, each sending `requests` streamed completions one after the other: completion tokens, wall time
+    and each request's time to first token (`cell` makes a table's row of one or more of these)."""
 
     def client(index: int) -> list[tuple[float, float]]:
         rng = random.Random(f"load {seed} {clients} {index}")  # prompts no other request has
@@ -120,9 +126,15 @@ def load(url: str, clients: int, requests: int, prompt_tokens: int, max_tokens: 
     with ThreadPoolExecutor(clients) as pool:
         results = [item for part in pool.map(client, range(clients)) for item in part]
     wall = time.perf_counter() - start
-    first_tokens = [first for first, _ in results]
+    return {"tokens": len(results) * max_tokens, "wall_s": wall, "first_s": [first for first, _ in results]}
+
+
+def cell(pieces: list[dict[str, Any]]) -> dict[str, float]:
+    """One server's row of a table cell from its pieces of load: all tokens / all their wall time, and the time to
+    first token p50 / p99 over all their requests."""
+    first_tokens = [first for piece in pieces for first in piece["first_s"]]
     return {
-        "tokens_per_s": len(results) * max_tokens / wall,
+        "tokens_per_s": sum(piece["tokens"] for piece in pieces) / sum(piece["wall_s"] for piece in pieces),
         "ttft_p50_s": percentile(first_tokens, 50),
         "ttft_p99_s": percentile(first_tokens, 99),
     }
@@ -150,6 +162,9 @@ def main() -> None:
     parser.add_argument("--precisions", nargs="+", choices=list(PRECISIONS), default=list(PRECISIONS))
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--requests", type=int, default=2, help="requests per client, one after the other")
+    parser.add_argument(
+        "--single-requests", type=int, default=8, help="requests at 1 client, alternating between the servers"
+    )
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--slots", type=int, default=16)
@@ -177,22 +192,38 @@ def main() -> None:
         print(
             f"GPT-2 124M shape, random weights, CPU, {args.threads} threads, {args.slots} sequences at once; load: "
             f"{args.prompt_tokens}-token prompts, {args.max_tokens} greedy tokens, {args.requests} requests per "
-            f"client; medians of {args.rounds} rounds",
+            f"client ({args.single_requests} alternating at 1 client); medians of {args.rounds} rounds",
             flush=True,
         )
         for round_ in range(args.rounds):
             for dtype, commands in servers.items():
                 names = list(commands) if round_ % 2 == 0 else list(reversed(commands))
-                for name in names:
-                    with served(commands[name], args.threads, args.server_log) as url:
-                        warm(url, args.prompt_tokens)
-                        for clients in args.clients:
-                            row = load(url, clients, args.requests, args.prompt_tokens, args.max_tokens, round_)
-                            results["load"].append({"dtype": dtype, "server": name, "clients": clients} | row)
-                        if args.chat_turns:
-                            firsts = chat(url, args.chat_turns, round_)
+                with contextlib.ExitStack() as stack:
+                    urls = {
+                        name: stack.enter_context(served(commands[name], args.threads, args.server_log))
+                        for name in names
+                    }
+                    for name in names:
+                        warm(urls[name], args.prompt_tokens)
+                    for clients in args.clients:
+                        # at 1 client request by request, in the order A B B A A B ...; under load a cell each
+                        slices, requests = (args.single_requests, 1) if clients == 1 else (1, args.requests)
+                        pieces: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+                        for index in range(slices):
+                            for name in names if index % 2 == 0 else names[::-1]:
+                                seed = f"{round_} {index}"
+                                pieces[name].append(
+                                    load(urls[name], clients, requests, args.prompt_tokens, args.max_tokens, seed)
+                                )
+                        for name in names:
+                            results["load"].append(
+                                {"dtype": dtype, "server": name, "clients": clients} | cell(pieces[name])
+                            )
+                    if args.chat_turns:
+                        for name in names:
+                            firsts = chat(urls[name], args.chat_turns, round_)
                             results["chat"].append({"dtype": dtype, "server": name, "ttft_s": firsts})
-                    print(f"round {round_ + 1}, {dtype}, {name}: done", flush=True)
+                print(f"round {round_ + 1}, {dtype}: done", flush=True)
             if args.chat_turns and "float32" in servers:
                 no_cache = [*servers["float32"]["ours"], "--no-prefix-cache"]
                 with served(no_cache, args.threads, args.server_log) as url:

@@ -4,6 +4,9 @@ GPT-2 124M shape, random weights (seeded, no network) saved with save_pretrained
 files, on CPU. In one run, interleaved round by round:
 
 - offline: `LLM.stream` of that directory, loaded as `gpt2 serve` loads it (`LLM.load`, --dtype);
+- offline + socket: the same, each text piece written as a server-sent event (a chunk shaped like the server's)
+  to a loopback TCP connection that another process reads: what delivering every token costs on these cores,
+  whatever serves it (the floor for any server: 0.915 of offline at int8 on the 2-core VM);
 - server: a real `gpt2 serve` process on a loopback port, one streamed /v1/completions request at a time.
 
 Both get the same prompts (--prompt-tokens random token ids, sent as ids; a new one each round, so that the
@@ -15,7 +18,8 @@ end-of-text biased away, so both generate exactly max_tokens tokens.
 - decode tokens/s after the first token: offline, (max_tokens - 1) / (a full call's time - the time to first
   token); server, (max_tokens - 1) / (last token's chunk - first chunk).
 
-Medians over --rounds. Reported: both, and server / offline (decode speed ratio, time-to-first-token ratio).
+Medians over --rounds; the order of the three alternates round by round (A B C, C B A, ...). Reported: each, and
+server / offline (decode speed ratio, time-to-first-token ratio), offline + socket / offline.
 
     flock /tmp/bench.lock python benchmarks/bench_serve_single.py --rounds 5
 """
@@ -25,9 +29,14 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -46,15 +55,64 @@ NO_END_OF_TEXT = -100.0  # its logit bias: random weights could draw it, and eve
 TEMPERATURE, TOP_K = 0.8, 50
 
 
-def offline_seconds(llm: LLM, prompt: list[int], max_tokens: int) -> float:
-    """Seconds of one whole `LLM.stream` call (every piece consumed)."""
+# The other end of "offline + socket": reads one connection's events and answers each [DONE] with a byte.
+READER = """
+import socket
+listener = socket.create_server(("127.0.0.1", 0))
+print(listener.getsockname()[1], flush=True)
+connection, _ = listener.accept()
+pending = b""
+while data := connection.recv(65536):
+    pending = (pending + data)[-16:]
+    if pending.endswith(b"data: [DONE]\\n\\n"):
+        connection.sendall(b"k")
+"""
+
+
+@contextmanager
+def socket_reader() -> Iterator[socket.socket]:
+    """A loopback TCP connection to a reading process of its own, as a streaming client would be."""
+    process = subprocess.Popen([sys.executable, "-c", READER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        with socket.create_connection(("127.0.0.1", int(process.stdout.readline()))) as connection:
+            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as the server's sockets
+            yield connection
+    finally:
+        process.kill()
+        process.wait()
+
+
+def offline_seconds(llm: LLM, prompt: list[int], max_tokens: int, client: socket.socket | None = None) -> float:
+    """Seconds of one whole `LLM.stream` call (every piece consumed). With a client socket, every piece is also
+    sent there as a server-sent event like the server's chunks, and the call ends once the reader has them all."""
     params = SamplingParams(
         max_tokens=max_tokens, temperature=TEMPERATURE, top_k=TOP_K, seed=SEED, logit_bias={END_OF_TEXT: -100}
     )
     start = time.perf_counter()
-    for _ in llm.stream(prompt, params):
-        pass
+    for piece in llm.stream(prompt, params):
+        if client is not None:
+            choice = {"index": 0, "text": piece, "logprobs": None, "finish_reason": None}
+            chunk = {"id": "cmpl-0", "object": "text_completion", "created": 0, "model": MODEL, "choices": [choice]}
+            client.sendall(f"data: {json.dumps(chunk)}\n\n".encode())
+    if client is not None:
+        client.sendall(b"data: [DONE]\n\n")
+        client.recv(1)
     return time.perf_counter() - start
+
+
+def offline_run(
+    llm: LLM, prompt: list[int], max_tokens: int, client: socket.socket | None = None
+) -> tuple[float, float]:
+    """(time to first token, decode tokens/s after it) offline: a call for one token, then a whole one."""
+    first = offline_seconds(llm, prompt, 1, client)
+    return first, (max_tokens - 1) / (offline_seconds(llm, prompt, max_tokens, client) - first)
+
+
+def served_run(http: httpx.Client, prompt: list[int], max_tokens: int) -> tuple[float, float]:
+    """(time to first token, decode tokens/s after it) of one streamed request to the server."""
+    times = served_times(http, prompt, max_tokens)
+    return times[0], (max_tokens - 1) / (times[-1] - times[0])
 
 
 def served_times(http: httpx.Client, prompt: list[int], max_tokens: int) -> list[float]:
@@ -104,37 +162,46 @@ def main() -> None:
         save_random_gpt2(directory, SEED)
         llm = LLM.load(directory, device="cpu", precision=args.dtype)
         command = gpt2_serve_command(directory, args.dtype)
-        with served(command, args.threads) as url, httpx.Client(base_url=url, timeout=600) as http:
-            offline_seconds(llm, prompts[-1], 4)  # warm-up: first-call costs out of the figures
-            served_times(http, prompts[-1], 4)
-            offline_first, offline_decode, served_first, served_decode = [], [], [], []
-            for prompt in prompts[: args.rounds]:
-                first = offline_seconds(llm, prompt, 1)
-                offline_first.append(first)
-                offline_decode.append((n - 1) / (offline_seconds(llm, prompt, n) - first))
-                times = served_times(http, prompt, n)
-                served_first.append(times[0])
-                served_decode.append((n - 1) / (times[-1] - times[0]))
+        with (
+            served(command, args.threads) as url,
+            httpx.Client(base_url=url, timeout=600) as http,
+            socket_reader() as client,
+        ):
+            contenders: dict[str, Callable[[list[int], int], tuple[float, float]]] = {
+                "offline": lambda prompt, n: offline_run(llm, prompt, n),
+                "offline + socket": lambda prompt, n: offline_run(llm, prompt, n, client),
+                "server": lambda prompt, n: served_run(http, prompt, n),
+            }
+            for run in contenders.values():  # warm-up: first-call costs out of the figures
+                run(prompts[-1], 4)
+            firsts: dict[str, list[float]] = {name: [] for name in contenders}
+            rates: dict[str, list[float]] = {name: [] for name in contenders}
+            for index, prompt in enumerate(prompts[: args.rounds]):
+                for name in contenders if index % 2 == 0 else reversed(contenders):
+                    first, rate = contenders[name](prompt, n)
+                    firsts[name].append(first)
+                    rates[name].append(rate)
     result: dict[str, Any] = {
         "prompt_tokens": args.prompt_tokens,
         "max_tokens": n,
         "dtype": args.dtype,
         "threads": args.threads,
         "rounds": args.rounds,
-        "offline_ttft_s": statistics.median(offline_first),
-        "offline_tokens_per_s": statistics.median(offline_decode),
-        "served_ttft_s": statistics.median(served_first),
-        "served_tokens_per_s": statistics.median(served_decode),
+        **{f"{name}_ttft_s": statistics.median(values) for name, values in firsts.items()},
+        **{f"{name}_tokens_per_s": statistics.median(values) for name, values in rates.items()},
     }
-    result["decode_ratio"] = result["served_tokens_per_s"] / result["offline_tokens_per_s"]
-    result["ttft_ratio"] = result["served_ttft_s"] / result["offline_ttft_s"]
+    offline_rate, offline_first = result["offline_tokens_per_s"], result["offline_ttft_s"]
+    result["decode_ratio"] = result["server_tokens_per_s"] / offline_rate
+    result["ttft_ratio"] = result["server_ttft_s"] / offline_first
+    result["socket_decode_ratio"] = result["offline + socket_tokens_per_s"] / offline_rate
     print(
         f"GPT-2 124M shape, random weights, {args.dtype}, CPU, {args.threads} torch threads; prompt "
         f"{args.prompt_tokens} tokens, {n} new tokens, median of {args.rounds} rounds"
     )
-    print(f"{'':>8} {'ttft ms':>8} {'decode tok/s':>13}")
-    print(f"{'offline':>8} {result['offline_ttft_s'] * 1e3:>8.1f} {result['offline_tokens_per_s']:>13.1f}")
-    print(f"{'server':>8} {result['served_ttft_s'] * 1e3:>8.1f} {result['served_tokens_per_s']:>13.1f}")
+    print(f"{'':>16} {'ttft ms':>8} {'decode tok/s':>13} {'vs offline':>11}")
+    for name in contenders:
+        rate = result[f"{name}_tokens_per_s"]
+        print(f"{name:>16} {result[f'{name}_ttft_s'] * 1e3:>8.1f} {rate:>13.1f} {rate / offline_rate:>11.3f}")
     print(
         f"server / offline: decode speed {result['decode_ratio']:.3f}, time to first token {result['ttft_ratio']:.2f}"
     )
