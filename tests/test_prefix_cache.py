@@ -69,7 +69,7 @@ def test_a_prompt_finds_every_token_it_shares_with_a_cached_one() -> None:
     tokens = list(range(40))
     k, v = fake_kv(40)
     cache.insert(tokens, k, v)
-    assert len(cache) == 3 and cache.bytes == 2 * BLOCK_BYTES + BLOCK_BYTES // 2  # 2 whole blocks and 8 tokens
+    assert len(cache) == 3 and cache.bytes == 3 * BLOCK_BYTES  # 2 whole blocks, and 8 tokens in a block of their own
     found = cache.lookup([*tokens, 99])
     assert found.length == 40
     cached_k, cached_v = torch.zeros_like(k[:, :, :20]), torch.zeros_like(v[:, :, :20])
@@ -104,7 +104,7 @@ def test_the_least_recently_used_blocks_are_evicted_under_the_byte_budget() -> N
 def test_an_evicted_block_is_lent_to_no_prompt() -> None:
     cache = PrefixCache(max_bytes=2 * BLOCK_BYTES)
     prompt = list(range(24))
-    cache.insert(prompt, *fake_kv(24))  # a whole block and 8 tokens: 1.5 blocks' bytes
+    cache.insert(prompt, *fake_kv(24))  # a whole block and one of 8 tokens: the pool is full
     assert cache.lookup(prompt).length == 24
     cache.insert([7] * 16, *fake_kv(16))  # room for it: the prompt's last block (its least recent) goes
     assert cache.evictions == 1 and cache.bytes == 2 * BLOCK_BYTES
@@ -124,6 +124,43 @@ def test_a_prompt_longer_than_the_budget_keeps_its_first_blocks() -> None:
     prompt = list(range(80))
     cache.insert(prompt, *fake_kv(80))
     assert len(cache) == 2 and cache.evictions == 0 and cache.lookup(prompt).length == 32
+
+
+def test_blocks_live_in_one_pool_reserved_up_front() -> None:
+    """max_bytes // BLOCK_BYTES blocks, allocated once: inserts copy into free blocks, evictions free them."""
+    cache = PrefixCache(max_bytes=3 * BLOCK_BYTES + BLOCK_BYTES // 2)
+    cache.reserve(N_LAYER, N_HEAD, HEAD_SIZE, dtype=torch.float32)
+    assert cache.capacity == 3 and cache.bytes == 0
+    storages = set()
+    for start in range(10):  # seven evictions
+        prompt = [start] * 16
+        cache.insert(prompt, *fake_kv(16))
+        (block,) = cache.lookup(prompt).blocks
+        storages.add(block.k.untyped_storage().data_ptr())
+    assert cache.evictions == 7 and cache.bytes == 3 * BLOCK_BYTES and len(storages) == 1
+
+
+def test_a_batch_reserves_its_caches_pool_when_it_is_made() -> None:
+    cache = PrefixCache(max_bytes=1 << 20)
+    DecodeBatch(tiny_gpt(), max_rows=2, prefix_cache=cache)
+    assert cache.capacity == (1 << 20) // cache.block_bytes > 0 and cache.bytes == 0
+
+
+def test_a_cache_holds_one_models_keys_and_values() -> None:
+    cache = PrefixCache(max_bytes=1 << 20)
+    cache.reserve(N_LAYER, N_HEAD, HEAD_SIZE, dtype=torch.float32)
+    cache.reserve(N_LAYER, N_HEAD, HEAD_SIZE, dtype=torch.float32)  # the same shape: nothing to do
+    with pytest.raises(ValueError, match=r"give each model a cache of its own"):
+        cache.reserve(N_LAYER + 1, N_HEAD, HEAD_SIZE, dtype=torch.float32)
+
+
+def test_a_prefix_is_copied_out_before_its_blocks_are_given_away() -> None:
+    cache = PrefixCache(max_bytes=BLOCK_BYTES)
+    cache.insert([1] * 16, *fake_kv(16))
+    found = cache.lookup([1] * 16)
+    cache.insert([2] * 16, *fake_kv(16))  # takes the only block
+    with pytest.raises(AssertionError, match=r"copied before the next insert"):
+        found.copy_into(*fake_kv(16))
 
 
 @pytest.mark.parametrize("max_bytes", [0, -1, 1.5, True, "256"])
@@ -315,8 +352,7 @@ def test_the_metrics_count_queried_and_reused_prompt_tokens() -> None:
     assert after["gpt2_prefix_cache_queries_total"] == 2 * len(header) + len("Hi?") + len("Why?")
     assert after["gpt2_prefix_cache_hits_total"] == len(header)
     # 5 whole blocks, and each prompt's last block: the header's last 10 bytes and its question
-    tokens_held = 5 * BLOCK_TOKENS + (10 + len("Hi?")) + (10 + len("Why?"))
-    assert after["gpt2_prefix_cache_bytes"] == tokens_held * BLOCK_BYTES // BLOCK_TOKENS
+    assert after["gpt2_prefix_cache_bytes"] == (5 + 2) * BLOCK_BYTES
     assert after["gpt2_prefix_cache_evictions_total"] == 0
 
 

@@ -59,7 +59,7 @@ def register(subparsers: Any) -> None:
         "--prefix-cache-mb",
         type=int,
         default=defaults.prefix_cache_mb,
-        help=f"memory for the prefix cache at most, in MiB (default {defaults.prefix_cache_mb})",
+        help=f"memory for the prefix cache, allocated at start, in MiB (default {defaults.prefix_cache_mb})",
     )
     parser.add_argument(
         "--prefill-chunk",

@@ -76,6 +76,9 @@ class DecodeBatch:
         self.width = 0  # L: columns in use
         self.max_rows = max_rows
         self.prefix_cache = prefix_cache  # None: every prompt is prefilled in full
+        if prefix_cache is not None:  # its pool, now: no prompt pays for allocating it (gpt2.serve.prefix_cache)
+            n_layer, _, n_head, _, head_size = self._k.shape
+            prefix_cache.reserve(n_layer, n_head, head_size, dtype=self._k.dtype, device=device)
         self.prefilled = 0  # prompt tokens join / join_many fed through the model (cached prefixes not counted)
 
     @property

@@ -45,8 +45,9 @@ class ServerConfig:
     prefix_cache: bool = True
     """Reuse the keys and values of earlier prompts' prefixes (gpt2.serve.prefix_cache; `--no-prefix-cache`)."""
     prefix_cache_mb: int = 256
-    """The prefix cache's memory at most, in MiB, on the model's device (`--prefix-cache-mb`). 256 MiB hold
-    about 3,600 tokens of GPT-2 small in float32 (72 KiB of keys and values a token), 1,350 of GPT-2 medium."""
+    """The prefix cache's memory, in MiB, on the model's device (`--prefix-cache-mb`), allocated when the server
+    starts (one pool of blocks). 256 MiB hold about 3,600 tokens of GPT-2 small in float32 (72 KiB of keys and
+    values a token), 1,350 of GPT-2 medium."""
     prefill_chunk: int = PREFILL_CHUNK
     """Prompt tokens prefilled between two decode steps at most (`--prefill-chunk`): a longer prompt is prefilled in
     chunks of this many, so running streams wait for one chunk, not the whole prompt (gpt2.serve.engine)."""

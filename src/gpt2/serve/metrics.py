@@ -96,4 +96,4 @@ class PrefixCacheCollector(Collector):
         )
         yield CounterMetricFamily("gpt2_prefix_cache_hits", "Prompt tokens reused from the prefix cache", value=hits)
         yield CounterMetricFamily("gpt2_prefix_cache_evictions", "Prefix cache blocks evicted", value=evictions)
-        yield GaugeMetricFamily("gpt2_prefix_cache_bytes", "Bytes the prefix cache holds", value=held)
+        yield GaugeMetricFamily("gpt2_prefix_cache_bytes", "Bytes of the prefix cache's blocks in use", value=held)
