@@ -6,7 +6,7 @@ files, on CPU. In one run, interleaved round by round:
 - offline: `LLM.stream` of that directory, loaded as `gpt2 serve` loads it (`LLM.load`, --dtype);
 - offline + socket: the same, each text piece written as a server-sent event (a chunk shaped like the server's)
   to a loopback TCP connection that another process reads: what delivering every token costs on these cores,
-  whatever serves it (the floor for any server: 0.915 of offline at int8 on the 2-core VM);
+  whatever serves it (int8 on the 2-core VM: 0.92-1.0 of offline, run to run; docs/benchmarks.md, stop 31);
 - server: a real `gpt2 serve` process on a loopback port, one streamed /v1/completions request at a time.
 
 Both get the same prompts (--prompt-tokens random token ids, sent as ids; a new one each round, so that the
