@@ -69,7 +69,7 @@ def test_a_prompt_finds_every_token_it_shares_with_a_cached_one() -> None:
     tokens = list(range(40))
     k, v = fake_kv(40)
     cache.insert(tokens, k, v)
-    assert len(cache) == 3 and cache.bytes == 3 * BLOCK_BYTES  # 2 whole blocks, and 8 tokens in a block of their own
+    assert len(cache) == 3 and cache.nbytes == 3 * BLOCK_BYTES  # 2 whole blocks, and 8 tokens in a block of their own
     found = cache.lookup([*tokens, 99])
     assert found.length == 40
     cached_k, cached_v = torch.zeros_like(k[:, :, :20]), torch.zeros_like(v[:, :, :20])
@@ -97,7 +97,7 @@ def test_the_least_recently_used_blocks_are_evicted_under_the_byte_budget() -> N
     assert cache.lookup(first).length == 16  # first is now more recent than second
     cache.insert(third, *fake_kv(16))  # fits: 3 blocks
     cache.insert([4] * 16, *fake_kv(16))  # the fourth evicts the least recently used: second
-    assert cache.evictions == 1 and len(cache) == 3 and cache.bytes == 3 * BLOCK_BYTES
+    assert cache.evictions == 1 and len(cache) == 3 and cache.nbytes == 3 * BLOCK_BYTES
     assert [cache.lookup(prompt).length for prompt in (first, second, third)] == [16, 0, 16]
 
 
@@ -107,7 +107,7 @@ def test_an_evicted_block_is_lent_to_no_prompt() -> None:
     cache.insert(prompt, *fake_kv(24))  # a whole block and one of 8 tokens: the pool is full
     assert cache.lookup(prompt).length == 24
     cache.insert([7] * 16, *fake_kv(16))  # room for it: the prompt's last block (its least recent) goes
-    assert cache.evictions == 1 and cache.bytes == 2 * BLOCK_BYTES
+    assert cache.evictions == 1 and cache.nbytes == 2 * BLOCK_BYTES
     assert cache.lookup(prompt).length == 16 and cache.lookup([7] * 16).length == 16
 
 
@@ -130,20 +130,20 @@ def test_blocks_live_in_one_pool_reserved_up_front() -> None:
     """max_bytes // BLOCK_BYTES blocks, allocated once: inserts copy into free blocks, evictions free them."""
     cache = PrefixCache(max_bytes=3 * BLOCK_BYTES + BLOCK_BYTES // 2)
     cache.reserve(N_LAYER, N_HEAD, HEAD_SIZE, dtype=torch.float32)
-    assert cache.capacity == 3 and cache.bytes == 0
+    assert cache.capacity == 3 and cache.nbytes == 0
     storages = set()
     for start in range(10):  # seven evictions
         prompt = [start] * 16
         cache.insert(prompt, *fake_kv(16))
         (block,) = cache.lookup(prompt).blocks
         storages.add(block.k.untyped_storage().data_ptr())
-    assert cache.evictions == 7 and cache.bytes == 3 * BLOCK_BYTES and len(storages) == 1
+    assert cache.evictions == 7 and cache.nbytes == 3 * BLOCK_BYTES and len(storages) == 1
 
 
 def test_a_batch_reserves_its_caches_pool_when_it_is_made() -> None:
     cache = PrefixCache(max_bytes=1 << 20)
     DecodeBatch(tiny_gpt(), max_rows=2, prefix_cache=cache)
-    assert cache.capacity == (1 << 20) // cache.block_bytes > 0 and cache.bytes == 0
+    assert cache.capacity == (1 << 20) // cache.block_bytes > 0 and cache.nbytes == 0
 
 
 def test_a_cache_holds_one_models_keys_and_values() -> None:

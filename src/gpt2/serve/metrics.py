@@ -90,7 +90,7 @@ class PrefixCacheCollector(Collector):
         if cache is None:
             queries = hits = evictions = held = 0
         else:
-            queries, hits, evictions, held = cache.queries, cache.hits, cache.evictions, cache.bytes
+            queries, hits, evictions, held = cache.queries, cache.hits, cache.evictions, cache.nbytes
         yield CounterMetricFamily(
             "gpt2_prefix_cache_queries", "Prompt tokens looked up in the prefix cache", value=queries
         )

@@ -107,7 +107,6 @@ class PrefixCache:
         self._blocks: collections.OrderedDict[bytes, _Block] = collections.OrderedDict()  # least recent first
         # a key -> the keys of the blocks stored after it (a dict: ordered, so a lookup's choice is reproducible)
         self._children: dict[bytes, dict[bytes, None]] = {}
-        self.bytes = 0  # held now: blocks in use x block_bytes
         self.queries = 0
         self.hits = 0
         self.evictions = 0
@@ -115,6 +114,11 @@ class PrefixCache:
     def __len__(self) -> int:
         """Blocks held."""
         return len(self._blocks)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the blocks held (a partial block counts whole: it takes a block of the pool)."""
+        return len(self._blocks) * self.block_bytes
 
     def lookup(self, tokens: Sequence[int]) -> CachedPrefix:
         """The longest cached prefix of `tokens`: whole blocks down the chain, then the first tokens of a block
@@ -186,7 +190,6 @@ class PrefixCache:
                 block.v.copy_(v[:, :, start : start + n])
                 self._blocks[key] = block
                 self._children.setdefault(parent, {})[key] = None
-                self.bytes += self.block_bytes
             else:
                 self._blocks.move_to_end(key)
             keys.append(key)
@@ -220,7 +223,6 @@ class PrefixCache:
             del self._children[block.parent]
         block.evicted = True
         self._free.append(block.slot)
-        self.bytes -= self.block_bytes
         self.evictions += 1
 
     def _use(self, keys: list[bytes]) -> None:
