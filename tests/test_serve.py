@@ -927,6 +927,22 @@ def test_a_fuzz_of_random_and_malformed_bodies_never_gets_a_5xx(
     assert alive.choices[0].text == reference.generate("still alive", SamplingParams(max_tokens=4, seed=5))[0]
 
 
+# ------------------------------------------------------------------------------------ the HTTP server
+@pytest.mark.skipif(sys.platform == "win32", reason="uvloop has no Windows build (asyncio's loop serves there)")
+def test_the_server_runs_on_uvloop_and_httptools(llm: LLM) -> None:
+    """uvicorn's compiled event loop and HTTP parser (the serve extra installs them): a streamed token costs the
+    event loop less than with asyncio's loop and h11 (docs/benchmarks.md, stop 32)."""
+    import uvloop
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    from gpt2.serve import uvicorn_server
+
+    config = uvicorn_server(llm, ServerConfig(model_name=MODEL, port=0), log_level="warning").config
+    config.load()
+    assert config.get_loop_factory() is uvloop.new_event_loop
+    assert config.http_protocol_class is HttpToolsProtocol
+
+
 # ------------------------------------------------------------------------------------ disconnects, shutdown
 def test_a_streaming_client_that_disconnects_frees_its_row(llm: LLM, gate: StepGate) -> None:
     with running(llm, max_batch=1) as url:
