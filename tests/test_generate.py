@@ -216,6 +216,24 @@ def test_top_k_draws_are_those_of_the_whole_vocabulary_computation(
         assert torch.equal(drawn, full_vocabulary_draw(logits, seed, **options))
 
 
+def test_rows_with_a_generator_each_draw_what_they_draw_alone_even_beside_a_tied_row() -> None:
+    # the server's engine draws its rows together; a row tied at the k-th value (which takes the whole-vocabulary
+    # computation) must not change what the others draw, nor the other way round
+    for seed in range(100):
+        logits = torch.randn(4, 50257, generator=torch.Generator().manual_seed(seed)) * 4
+        logits[2, :8] = logits[2].max() + 1  # 8 tokens tie at the top: the 5th largest ties past k
+        options = dict(temperature=0.8, top_k=5, top_p=0.9 if seed % 2 else None)
+        together = sample_next_token(
+            logits, generator=[torch.Generator().manual_seed(seed * 4 + row) for row in range(4)], **options
+        )
+        alone = [
+            sample_next_token(logits[row : row + 1], generator=torch.Generator().manual_seed(seed * 4 + row), **options)
+            for row in range(4)
+        ]
+        assert torch.equal(together, torch.cat(alone))
+        assert int(together[2]) < 8
+
+
 def test_top_k_keeps_every_token_tied_with_the_kth_when_sampling() -> None:
     logits = torch.tensor([[0.0, 5.0, 1.0, 5.0, 1.0, 1.0, -3.0]]).expand(3000, -1)  # the 3rd largest ties thrice
     two = sample_next_token(logits, top_k=2, generator=torch.Generator().manual_seed(0))

@@ -289,12 +289,19 @@ def _draw_among_top_k(
     order, so the inverse CDF walks them as it walks the whole row (where every other token has probability 0),
     with the same one uniform number per row: the same token, up to the float rounding of the softmax's sum.
     None when a row's candidates are not all finite, or it has ties at the k-th value reaching past k (the full
-    computation keeps them all)."""
+    computation keeps them all); with a generator per row, such a row makes every row draw alone instead, so that
+    each draws what it draws alone (the server's engine samples its rows together)."""
     values, ids = torch.topk(logits, top_k + 1, dim=-1)  # (B, k + 1), largest first (NaN first too)
     # NaN or +inf on top: the careful path resolves them. A (k + 1)-th tied with the k-th: the full computation
     # keeps both (-inf candidates always tie so).
     if not bool(values[:, 0].isfinite().all()) or bool((values[:, -1] == values[:, -2]).any()):
-        return None
+        if generator is None or isinstance(generator, torch.Generator) or len(generator) == 1:
+            return None
+        alone = [
+            sample_next_token(logits[row : row + 1], temperature=temperature, top_k=top_k, top_p=top_p, generator=one)
+            for row, one in enumerate(generator)
+        ]
+        return torch.cat(alone)
     ids, order = ids[:, :-1].sort(dim=-1)  # the candidates in vocabulary order
     scaled = (values.gather(-1, order) - values[:, :1]) / temperature  # as the full computation scales them
     if top_p is not None:

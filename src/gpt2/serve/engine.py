@@ -631,24 +631,35 @@ class Engine:
         prompt_logprobs: list[TokenLogprob | None] | None = None,
     ) -> None:
         """Draw the next token of each sequence from its row of logits (B, V), hand out the text, and let the
-        finished leave."""
+        finished leave. Each row gets its own rules (penalties, bias, bans: gpt2.inference.processors, as the
+        offline decoder applies them), then the rows that share the sampler's settings draw together, each with its
+        own generator: what each draws alone (`sample_next_token` with a generator per row), in one top-k pass
+        instead of one a row (16 int8 rows: 2.9 ms a step, 10% of it, drawing row by row)."""
         logits = self._limit(logits.float())
+        ruled = logits  # the rows after their rules; `logits` stays the model's, for log-probabilities
         for row, sequence in enumerate(sequences):
-            token = self._draw(sequence, logits[row : row + 1])
+            if sequence.token_ids is not None:  # it has rules
+                ruled = logits.clone() if ruled is logits else ruled
+                token_ids = sequence.token_ids[:, : len(sequence.tokens)]  # (1, T)
+                ruled[row : row + 1] = apply_processors(sequence.processors, token_ids, ruled[row : row + 1])
+        groups: dict[tuple[float, int | None, float | None], list[int]] = {}
+        for row, sequence in enumerate(sequences):
+            params = sequence.request.params
+            groups.setdefault((params.temperature, params.top_k, params.top_p), []).append(row)
+        tokens = [0] * len(sequences)
+        for (temperature, top_k, top_p), rows in groups.items():
+            drawn = sample_next_token(
+                ruled if len(rows) == len(sequences) else ruled[rows],  # (n, V)
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                generator=[sequences[row].generator for row in rows],
+            )
+            for row, token in zip(rows, drawn.tolist(), strict=True):
+                tokens[row] = token
+        for row, sequence in enumerate(sequences):
             logprobs = F.log_softmax(logits[row], dim=-1) if sequence.request.logprobs is not None else None
-            self._accept(sequence, token, logprobs, prompt_logprobs)
-
-    @staticmethod
-    def _draw(sequence: _Sequence, logits: torch.Tensor) -> int:
-        """One sequence's next token from its logits (1, V): its rules, then the one sampler every decoder uses."""
-        params = sequence.request.params
-        if sequence.token_ids is not None:  # it has rules
-            token_ids = sequence.token_ids[:, : len(sequence.tokens)]  # (1, T)
-            logits = apply_processors(sequence.processors, token_ids, logits.clone())
-        drawn = sample_next_token(
-            logits, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, generator=sequence.generator
-        )
-        return int(drawn[0])
+            self._accept(sequence, tokens[row], logprobs, prompt_logprobs)
 
     def _accept(
         self,
