@@ -100,8 +100,6 @@ class PrefixCache:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         self.max_bytes = max_bytes
         self.block_tokens = block_tokens
-        self.capacity = 0  # blocks the pool holds, once reserved
-        self.block_bytes = 0  # keys and values of one block
         self._pool: tuple[torch.Tensor, torch.Tensor] | None = None  # K and V, (capacity, n_layer, nh, B, hs) each
         self._free: list[int] = []  # free slots of the pool
         self._blocks: collections.OrderedDict[bytes, _Block] = collections.OrderedDict()  # least recent first
@@ -114,6 +112,16 @@ class PrefixCache:
     def __len__(self) -> int:
         """Blocks held."""
         return len(self._blocks)
+
+    @property
+    def capacity(self) -> int:
+        """Blocks the pool holds (0 until it is reserved)."""
+        return 0 if self._pool is None else self._pool[0].shape[0]
+
+    @property
+    def block_bytes(self) -> int:
+        """Keys and values of one block (0 until the pool is reserved)."""
+        return 0 if self._pool is None else 2 * self._pool[0][0].nbytes
 
     @property
     def nbytes(self) -> int:
@@ -157,13 +165,12 @@ class PrefixCache:
                     f"not {shape} {dtype}; give each model a cache of its own"
                 )
             return
-        self.block_bytes = 2 * math.prod(shape) * dtype.itemsize
-        self.capacity = self.max_bytes // self.block_bytes
+        capacity = self.max_bytes // (2 * math.prod(shape) * dtype.itemsize)
         self._pool = (
-            torch.zeros((self.capacity, *shape), dtype=dtype, device=device),
-            torch.zeros((self.capacity, *shape), dtype=dtype, device=device),
+            torch.zeros((capacity, *shape), dtype=dtype, device=device),
+            torch.zeros((capacity, *shape), dtype=dtype, device=device),
         )
-        self._free = list(reversed(range(self.capacity)))
+        self._free = list(reversed(range(capacity)))
 
     def insert(self, tokens: Sequence[int], k: torch.Tensor, v: torch.Tensor) -> None:
         """Keep the blocks of a prefilled prompt, its last partial one too: `tokens` (T) and their K, V
