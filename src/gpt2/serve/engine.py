@@ -34,41 +34,21 @@ from gpt2.inference.sampling import SamplingParams
 from gpt2.inference.speculative import Drafter, SpeculationStats
 from gpt2.inference.structured import GrammarCompiler, structured_processor
 from gpt2.model import GPT
-from gpt2.serve.output import emit, finish
+from gpt2.serve.output import finish
 from gpt2.serve.prefix_cache import PrefixCache
 from gpt2.serve.runner import Runner
 from gpt2.serve.scheduler import Admissions, Scheduler
 from gpt2.serve.sequence import (
-    MAX_TOP_LOGPROBS,
     EngineError,
     EngineFailed,
     EngineStopped,
     QueueFull,
-    SequenceOutput,
     SequenceRequest,
     SequenceState,
     SequenceStatus,
     Sink,
-    TokenLogprob,
 )
 from gpt2.tokenizer.protocol import TextTokenizer
-
-__all__ = [
-    "MAX_TOP_LOGPROBS",
-    "PREFILL_CHUNK",
-    "Engine",
-    "EngineError",
-    "EngineFailed",
-    "EngineStopped",
-    "QueueFull",
-    "SequenceOutput",
-    "SequenceRequest",
-    "SequenceStatus",
-    "Sink",
-    "Ticket",
-    "TokenLogprob",
-    "TurnRecord",
-]
 
 logger = logging.getLogger(__name__)
 
@@ -360,23 +340,23 @@ class Engine:
         with self._lock:
             queued = [sequence for sequence in sequences if sequence.status is SequenceStatus.WAITING]
             for sequence in queued:
-                self._waiting.remove(sequence)
-                sequence.status = SequenceStatus.FINISHED
+                self._waiting.remove(sequence)  # the engine never takes it now; `finish` below ends it
+                sequence.status = SequenceStatus.CANCELLED
             for sequence in sequences:
                 if sequence.status is SequenceStatus.RUNNING:
                     sequence.status = SequenceStatus.CANCELLED
             self._lock.notify()
         for sequence in queued:
-            emit(sequence, SequenceOutput(sequence.index, finish_reason="cancelled"))
+            finish(sequence, reason="cancelled")
 
     def _abort_waiting(self) -> None:
         with self._lock:
             queued = list(self._waiting)
             self._waiting.clear()
+            for sequence in queued:
+                sequence.status = SequenceStatus.CANCELLED  # out of the queue: a cancel leaves it to `finish`
         for sequence in queued:
-            if sequence.status is not SequenceStatus.FINISHED:
-                sequence.status = SequenceStatus.FINISHED
-                emit(sequence, SequenceOutput(sequence.index, error=EngineStopped(SHUTTING_DOWN)))
+            finish(sequence, error=EngineStopped(SHUTTING_DOWN))
 
     def _fail(self, sequences: list[SequenceState], error: EngineError) -> None:
         """End sequences with an error and empty the batch."""

@@ -23,7 +23,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpt2.serve.engine import Engine, SequenceOutput
+from gpt2.serve.engine import Engine
+from gpt2.serve.sequence import SequenceOutput
 
 # Seconds. First tokens wait for a prefill (and a queue); later tokens for one decode step of the batch.
 FIRST_TOKEN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

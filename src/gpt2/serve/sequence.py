@@ -43,12 +43,13 @@ class EngineFailed(EngineError):
 
 
 class SequenceStatus(enum.Enum):
-    """Where a sequence is, as vLLM keeps it: each moves forward only, WAITING -> RUNNING -> FINISHED, or to
-    CANCELLED when asked to stop while running (the engine then finishes it at the next step boundary)."""
+    """Where a sequence is, as vLLM keeps it: each moves forward only, WAITING -> RUNNING -> FINISHED, through
+    CANCELLED when asked to stop (a queued one leaves the queue at once; a running one the engine finishes at the
+    next step boundary)."""
 
     WAITING = "waiting"  # queued for a row
     RUNNING = "running"  # taken for a row: prefilling or decoding
-    CANCELLED = "cancelled"  # running, asked to stop
+    CANCELLED = "cancelled"  # asked to stop, its final output not yet out
     FINISHED = "finished"  # its final output is out
 
 
@@ -107,6 +108,17 @@ class SequenceOutput:
     @property
     def final(self) -> bool:
         return self.finish_reason is not None or self.error is not None
+
+    def add(self, output: SequenceOutput) -> None:
+        """Gather a later output of the same sequence into this one (a whole choice from its outputs)."""
+        self.text += output.text
+        self.token_ids += output.token_ids
+        self.logprobs += output.logprobs
+        if output.prompt_logprobs is not None:
+            self.prompt_logprobs = output.prompt_logprobs
+        self.finish_reason = output.finish_reason or self.finish_reason
+        self.completion_tokens = max(self.completion_tokens, output.completion_tokens)
+        self.error = output.error or self.error
 
 
 Sink = Callable[[SequenceOutput], None]
