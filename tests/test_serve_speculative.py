@@ -1,7 +1,8 @@
-"""Speculative decoding in the server's engine: a request decoding alone takes speculative steps (the drafter's
-tokens verified in one forward of its row) and gets exactly the tokens plain greedy decoding gives; requests that
-run together, or that ask for rules or log-probabilities, decode as usual; `gpt2 serve --prompt-lookup / --draft`
-configure it."""
+"""Speculative decoding in the server's engine: a greedy request decoding alone takes speculative steps (the
+drafter's tokens verified in one forward of its row) and gets exactly the tokens plain greedy decoding gives, at
+every temperature below the greedy threshold; requests that run together, sampled ones, or those that ask for
+rules or log-probabilities decode as usual, so a seeded request's text is the same alone and under load;
+/metrics counts drafted and accepted tokens; `gpt2 serve --prompt-lookup / --draft` configure it."""
 
 from __future__ import annotations
 
