@@ -361,9 +361,10 @@ def speculative_stream(
     n = len(ids)
     tokens[:n] = torch.tensor(ids, dtype=torch.long)
     produced = 0
+    speculator = Speculator(target, drafter, stats)
     while produced < max_new_tokens:
         k = draft_length(max_draft, max_new_tokens - produced)
-        for token in speculative_step(target, drafter, tokens, n, k, sampler, vocab, generator, stats):
+        for token in speculator.step(tokens, n, k, sampler, vocab, generator):
             tokens[n] = token
             n += 1
             produced += 1
@@ -379,31 +380,33 @@ def draft_length(max_draft: int, remaining: int) -> int:
     return max(0, min(max_draft, remaining - 1))
 
 
-def speculative_step(
-    target: Target,
-    drafter: Drafter,
-    tokens: torch.Tensor,
-    n: int,
-    k: int,
-    sampler: Sampler,
-    vocab: int,
-    generator: torch.Generator | None,
-    stats: SpeculationStats,
-) -> list[int]:
-    """One step: up to k drafts continuing tokens[:n] (tokens (N,) has room for them at [n, n + k)), one
-    verification by the target, the rejected drafts rolled back (target and drafter), and the tokens the step
-    commits: the kept drafts, then the target's own next token (`verify_drafts`). Counts into `stats`."""
-    drafts, q = drafter.propose(tokens, n, k, sampler, vocab, generator) if k > 0 else (tokens[:0], None)
-    k = drafts.numel()
-    tokens[n : n + k] = drafts
-    logits = target.verify(tokens, n, k)[:, :vocab]  # (k + 1, vocab): p_0 .. p_k
-    accepted, new = verify_drafts(logits.float(), drafts, q, sampler, generator)
-    target.reject(k - accepted)
-    drafter.accept(n + accepted)
-    stats.verifications += 1
-    stats.drafted += k
-    stats.accepted += accepted
-    return [*drafts[:accepted].tolist(), new]
+@dataclass
+class Speculator:
+    """A drafter and the target that verifies its drafts, with the counts of their steps: the one speculative step
+    of the offline stream and of the server's engine."""
+
+    target: Target
+    drafter: Drafter
+    stats: SpeculationStats = field(default_factory=SpeculationStats)
+
+    def step(
+        self, tokens: torch.Tensor, n: int, k: int, sampler: Sampler, vocab: int, generator: torch.Generator | None
+    ) -> list[int]:
+        """Up to k drafts continuing tokens[:n] (tokens (N,) has room for them at [n, n + k)), one verification by
+        the target, the rejected drafts rolled back (target and drafter), and the tokens the step commits: the kept
+        drafts, then the target's own next token (`verify_drafts`)."""
+        drafter = self.drafter
+        drafts, q = drafter.propose(tokens, n, k, sampler, vocab, generator) if k > 0 else (tokens[:0], None)
+        k = drafts.numel()
+        tokens[n : n + k] = drafts
+        logits = self.target.verify(tokens, n, k)[:, :vocab]  # (k + 1, vocab): p_0 .. p_k
+        accepted, new = verify_drafts(logits.float(), drafts, q, sampler, generator)
+        self.target.reject(k - accepted)
+        drafter.accept(n + accepted)
+        self.stats.verifications += 1
+        self.stats.drafted += k
+        self.stats.accepted += accepted
+        return [*drafts[:accepted].tolist(), new]
 
 
 def verify_drafts(

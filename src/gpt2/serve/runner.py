@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from gpt2.inference.processors import apply_processors
 from gpt2.inference.sampling import sample_next_token
-from gpt2.inference.speculative import Drafter, Sampler, SpeculationStats, draft_length, speculative_step
+from gpt2.inference.speculative import Drafter, Sampler, SpeculationStats, Speculator, draft_length
 from gpt2.model import GPT
 from gpt2.serve.batch import DecodeBatch, reusable_prefix
 from gpt2.serve.output import commit, finish, token_logprob
@@ -69,8 +69,8 @@ class Runner:
         self.prefilling: SequenceState | None = None  # the one whose prompt is part-way prefilled
         self.drafter = drafter  # None: no speculative steps
         self.speculation = SpeculationStats()  # drafted and accepted tokens of every speculative step
+        self._speculator = None if drafter is None else Speculator(_LoneRow(self.batch), drafter, self.speculation)
         self._drafting: SequenceState | None = None  # the sequence the drafter's state follows
-        self._lone_row = _LoneRow(self.batch)
 
     @property
     def active(self) -> int:
@@ -152,16 +152,16 @@ class Runner:
         """One decode step of every row, (B, 1) tokens -> (B, V) logits, or the speculative step of the lone row
         named in `speculating` (gpt2.serve.scheduler.DecodePlan)."""
         if speculating:
-            assert self.drafter is not None and speculating == (0,) and len(self.rows) == 1, "a lone row verifies"
-            self._speculate(self.rows[0], self.drafter)
+            assert self._speculator is not None and speculating == (0,) and len(self.rows) == 1, "a lone row verifies"
+            self._speculate(self.rows[0], self._speculator)
             return
         tokens = torch.tensor([sequence.pending for sequence in self.rows], dtype=torch.long)
         self.sample(list(self.rows), self.batch.step(tokens))
 
-    def _speculate(self, sequence: SequenceState, drafter: Drafter) -> None:
-        """One speculative step of the lone row (gpt2.inference.speculative.speculative_step, the offline
-        stream's step): drafts, one verifying forward, the rejected drafts rolled back, the kept ones and the
-        target's next token committed."""
+    def _speculate(self, sequence: SequenceState, speculator: Speculator) -> None:
+        """One speculative step of the lone row (`Speculator.step`, the offline stream's step): drafts, one
+        verifying forward, the rejected drafts rolled back, the kept ones and the target's next token committed."""
+        drafter = speculator.drafter
         if self._drafting is not sequence:  # the drafter's state (a draft model's cache) follows one sequence
             drafter.start(slide_by=None, native=True)
             self._drafting = sequence
@@ -171,10 +171,7 @@ class Runner:
         k = draft_length(min(drafter.max_draft(), self.block_size - n), sequence.max_new - sequence.generated)
         history = torch.tensor(sequence.tokens + [0] * k, dtype=torch.long, device=self.device)
         sampler = Sampler(params.temperature, params.top_k, params.top_p)
-        drawn = speculative_step(
-            self._lone_row, drafter, history, n, k, sampler, self.vocab_limit, sequence.generator, self.speculation
-        )
-        for token in drawn:
+        for token in speculator.step(history, n, k, sampler, self.vocab_limit, sequence.generator):
             commit(sequence, token, None, self.eot_token)  # after a stop or the length, the rest is dropped
 
     def sample(self, sequences: list[SequenceState], logits: torch.Tensor) -> None:
