@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt2.cli.common import MODEL_HELP, load_model_and_tokenizer
+from gpt2.cpu.layouts import PRECISIONS
 from gpt2.eval import (
     DEFAULT_BATCH_SIZE,
     FEWSHOT_SEED,
@@ -28,7 +29,6 @@ from gpt2.eval import (
     evaluate_perplexity,
     fetch_dataset,
 )
-from gpt2.inference.layouts import PRECISIONS
 from gpt2.runtime.device import resolve_device
 from gpt2.runtime.files import atomic_write_text
 

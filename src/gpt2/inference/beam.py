@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from gpt2.inference.decoder import native_decoder
+from gpt2.cpu.decoder import native_decoder
 from gpt2.inference.decoding import DecodeOptions, check_id_list, check_prompt, prefill, truncated_prompt
 from gpt2.inference.processors import LogitsProcessor, apply_processors, build_processors
 from gpt2.inference.sampling import SamplingParams

@@ -37,7 +37,7 @@ class DecodeOptions:
     compile: bool = False
     """torch.compile the one-token decode step (worth it on GPU; the first call compiles)."""
     native: bool | None = None
-    """Decode steps in the native decoder (gpt2.inference.decoder; same logits within rounding): None uses it
+    """Decode steps in the native decoder (gpt2.cpu.decoder; same logits within rounding): None uses it
     where it can run the model (a CPU model in eval mode with readable layers, kernels built), True requires it,
     False never uses it. Prefills always run the model."""
 
