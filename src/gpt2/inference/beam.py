@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from gpt2.cpu.decoder import native_decoder
-from gpt2.inference.decoding import DecodeOptions, check_id_list, check_prompt, prefill, truncated_prompt
 from gpt2.inference.processors import LogitsProcessor, apply_processors, build_processors
+from gpt2.inference.prompt import DecodeOptions, check_id_list, check_prompt, prefill, truncated_prompt
 from gpt2.inference.sampling import SamplingParams
 
 if TYPE_CHECKING:

@@ -1,5 +1,5 @@
-"""What every decoder (`stream`, beam search) shares: how its loop runs (DecodeOptions), the prompt check, the
-prefill of a prompt into a KV cache.
+"""How every decoder (`stream`, beam search) starts from a prompt: the options of its loop (DecodeOptions), the
+prompt's check and truncation, its prefill into a KV cache.
 
 Notation: B = batch size, T = prompt length (columns, padding included), V = vocab_size.
 """
