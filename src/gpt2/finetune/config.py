@@ -2,7 +2,7 @@
 format, the task, LoRA, the memory plan, early stopping) plus `train`, a whole `TrainConfig` for the optimizer,
 schedule, evaluation, checkpoints, tracking and device, with fine-tuning's defaults.
 
-    >>> FinetuneConfig.from_overrides(data="notes.txt", max_steps=50).train.max_steps
+    >>> FinetuneConfig.from_overrides(data="notes.txt", max_steps=50).train.schedule.max_steps
     50
 """
 
