@@ -95,11 +95,7 @@ def train(
         B, T = config.data.batch_size, model_config.block_size
         train_tokens, val_tokens = _load_splits(config, data_dir, T)
         grad_accum = accumulation_steps(config, B * T, dist.world_size)
-        hellaswag_file = config.evaluation.hellaswag_file
-        if hellaswag_file and not Path(hellaswag_file).is_file():
-            raise FileNotFoundError(
-                f"hellaswag_file {hellaswag_file!r} does not exist; pass a HellaSwag JSONL file or leave it unset"
-            )
+        evaluations = [hellaswag_evaluation(config, tokenizer, say)] if config.evaluation.hellaswag_file else []
 
         model = _build_model(config, model_config, pretrained.model if pretrained else None, device, dist)
         tracking = Tracking(config, enabled=dist.is_main)
@@ -109,7 +105,6 @@ def train(
             val_batches=lambda: loader(val_tokens, seed=config.runtime.seed + EVAL_SEED_OFFSET),
             tokenizer=tokenizer,
         )
-        evaluations = [hellaswag_evaluation(config, tokenizer, say)] if config.evaluation.hellaswag_file else []
         loop = LoopOptions(grad_accum_steps=grad_accum, end_step=stop_at_step, evaluations=evaluations,
                            callbacks=[tracking], log=say)  # fmt: skip
         optimizer = configure_optimizer(model, config.optimizer, device)
@@ -167,12 +162,15 @@ def sample_text(model: GPT, tokenizer: TextTokenizer, config: TrainConfig) -> st
 def hellaswag_evaluation(config: TrainConfig, tokenizer: TextTokenizer, say: Callable[[str], None]) -> Evaluation:
     """HellaSwag accuracy on config.evaluation.hellaswag_file, as a Trainer evaluation (every rank computes the same
     numbers; under FSDP every rank must take part in the forward passes)."""
+    hellaswag_file = config.evaluation.hellaswag_file
+    if hellaswag_file is None or not Path(hellaswag_file).is_file():
+        raise FileNotFoundError(
+            f"hellaswag_file {hellaswag_file!r} does not exist; pass a HellaSwag JSONL file or leave it unset"
+        )
 
     def evaluate(model: torch.nn.Module, step: int) -> dict[str, float]:
         assert isinstance(model, GPT), "pretraining trains a GPT"
-        result = evaluate_hellaswag(
-            model, tokenizer, config.evaluation.hellaswag_file, limit=config.evaluation.hellaswag_limit
-        )
+        result = evaluate_hellaswag(model, tokenizer, hellaswag_file, limit=config.evaluation.hellaswag_limit)
         say(f"step {step}: HellaSwag acc_norm {result['acc_norm']:.4f} ({result['num_examples']} examples)")
         return {"hellaswag_acc": result["acc"], "hellaswag_acc_norm": result["acc_norm"]}
 
