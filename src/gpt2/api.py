@@ -23,8 +23,8 @@ from typing import overload
 
 import torch
 
+from gpt2.cpu.layouts import prepare_for_inference
 from gpt2.inference.generation import generate_texts, stream_text
-from gpt2.inference.layouts import prepare_for_inference
 from gpt2.inference.processors import build_processors
 from gpt2.inference.sampling import SamplingParams
 from gpt2.inference.speculative import Drafter, DraftModel, PromptLookup, speculates, speculative_text

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 import torch.nn.functional as F
 
-from gpt2.inference.decoder import NativeDecoder, native_decoder
+from gpt2.cpu.decoder import NativeDecoder, native_decoder
 from gpt2.inference.generation import DEFAULT_SLIDE_FRACTION, text_pieces
 from gpt2.inference.sampling import SamplingParams, draw, filtered_probs, is_greedy, sample_next_token
 from gpt2.tokenizer.protocol import TextTokenizer
