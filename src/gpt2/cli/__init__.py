@@ -2,7 +2,8 @@
 
 Each subcommand module has `register(subparsers)` which adds its parser and sets `func` (a callable taking the
 parsed arguments and returning an exit status). Errors a user can fix (ValueError, FileNotFoundError) become one
-clear line on stderr and exit status 2, never a traceback.
+clear line on stderr and exit status 2, never a traceback; so does a disk that refuses a write (full, read-only,
+not ours: `gpt2.runtime.files.describe_write_error`), with exit status 1.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+
+from gpt2.runtime.files import describe_write_error
 
 # module names under gpt2.cli, in the order they appear in `gpt2 --help`
 SUBCOMMAND_MODULES = (
@@ -46,6 +49,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError) as err:
         print(f"gpt2 {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:
+        message = describe_write_error(err)
+        if message is None:
+            raise
+        print(f"gpt2 {args.command}: error: {message}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover
