@@ -145,8 +145,8 @@ def tiny_training(tmp_path: Path, out: Path, steps: int) -> list[str]:
     if not corpus.exists():
         corpus.write_text("the cat sat on the mat and the dog ate the bone. " * 200)
     settings = dict(data=corpus, tokenizer="bytes", model="gpt2-tiny", n_layer=1, n_head=2, n_embd=16,
-                    block_size=16, batch_size=2, max_steps=steps, warmup_steps=1, eval_interval=2, eval_batches=1, checkpoint_interval=2,
-                    sample_tokens=0, device="cpu", dtype="float32")  # fmt: skip
+                    block_size=16, batch_size=2, max_steps=steps, warmup_steps=1, eval_interval=2, eval_batches=1,
+                    checkpoint_interval=2, sample_tokens=0, device="cpu", dtype="float32")  # fmt: skip
     sets = [item for key, value in settings.items() for item in ("--set", f"{key}={value}")]
     return ["train", "shakespeare-char", "--no-progress", "--out-dir", str(out), *sets]
 
