@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 from collections.abc import Sequence
 
+from gpt2.cli.common import set_threads
 from gpt2.runtime.files import describe_write_error
+
+DISTRIBUTION = "gpt2-faithful"
 
 # module names under gpt2.cli, in the order they appear in `gpt2 --help`
 SUBCOMMAND_MODULES = (
@@ -23,6 +27,7 @@ SUBCOMMAND_MODULES = (
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpt2", description="GPT-2: train, load, sample and evaluate.")
+    parser.add_argument("--version", action="version", version=f"gpt2 {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
         try:
@@ -35,6 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:  # running from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -42,6 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        set_threads(args)
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("gpt2: interrupted", file=sys.stderr)

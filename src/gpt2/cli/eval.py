@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gpt2.cli.common import MODEL_HELP, load_model_and_tokenizer
+from gpt2.cli.common import MODEL_HELP, add_threads_argument, load_model_and_tokenizer
 from gpt2.eval import (
     DEFAULT_BATCH_SIZE,
     FEWSHOT_SEED,
@@ -53,6 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     common.add_argument("--out", type=Path, help="also write the results to this JSON file")
     common.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_threads_argument(common)
 
     # Few-shot prompts as lm-evaluation-harness builds them (gpt2.eval.fewshot).
     shots = argparse.ArgumentParser(add_help=False)

@@ -175,7 +175,7 @@ class SamplingParams:
         if self.num_beams > 1 and not self.greedy:
             raise ValueError(
                 f"num_beams={self.num_beams} is beam search, which is deterministic: pass temperature=0 "
-                f"(got {self.temperature!r})"
+                f"(--temperature 0; got {self.temperature!r})"
             )
         if self.num_beams > 1 and self.n > self.num_beams:
             raise ValueError(f"n={self.n} beams asked for but num_beams={self.num_beams}; raise num_beams or lower n")

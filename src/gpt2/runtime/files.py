@@ -199,6 +199,18 @@ def atomic_copy_file(source: str | os.PathLike[str], path: str | os.PathLike[str
         shutil.copyfile(source, temporary)
 
 
+def read_utf8_text(path: str | os.PathLike[str]) -> str:
+    """The text of a UTF-8 file; a byte that is not UTF-8 is a ValueError naming file:line."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise ValueError(
+            f"{path}:{line}: not UTF-8 text ({err.reason}, byte 0x{data[err.start]:02x}); save the file as UTF-8"
+        ) from None
+
+
 def iter_jsonl_objects(path: str | os.PathLike[str]) -> Iterator[tuple[str, dict[str, Any]]]:
     """("file:line", record) for each non-blank line of a JSONL file; a line that is not a JSON object is a
     ValueError naming file:line."""

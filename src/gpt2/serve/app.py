@@ -266,9 +266,9 @@ class _Service:
 
     def health(self) -> JSONResponse:
         engine = self.engine
+        # no model name: it may be a filesystem path, and /health answers without the API key
         status = {
             "status": "ok",
-            "model": self.config.model_name,
             "active": engine.active,
             "waiting": engine.waiting,
             "max_batch": engine.max_batch,
