@@ -112,6 +112,12 @@ def add_sampling_arguments(
         help="sample from the nucleus of this probability mass, in (0, 1] (default 1.0: off)",
     )
     parser.add_argument("--top-k", type=int, default=defaults.top_k, help="sample from the k most likely tokens only")
+    parser.add_argument(
+        "--min-p",
+        type=float,
+        default=defaults.min_p,
+        help="drop tokens less than this times as probable as the best one, in [0, 1] (default 0: off)",
+    )
     parser.add_argument("--stop", action="append", default=[], help="stop when this text appears (repeatable)")
     parser.add_argument(
         "--stop-token-id",
@@ -203,6 +209,7 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,
+        min_p=args.min_p,
         stop=tuple(args.stop),
         stop_token_ids=tuple(args.stop_token_ids),
         seed=args.seed,

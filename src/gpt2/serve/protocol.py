@@ -9,7 +9,8 @@ are refused; unknown fields are ignored, as clients send extras.
 Completions (`/v1/completions`) and chat (`/v1/chat/completions`) share the sampling fields: max_tokens,
 temperature, top_p, top_k (an extension, as in vLLM), n, stop, seed, presence_penalty, frequency_penalty,
 logit_bias, stream, stream_options.include_usage; and, as extra body fields with transformers' names (as vLLM
-accepts them): repetition_penalty, no_repeat_ngram_size, min_tokens, bad_words (texts or lists of token ids).
+accepts them): repetition_penalty, no_repeat_ngram_size, min_tokens, bad_words (texts or lists of token ids);
+min_p as vLLM and llama-server take it.
 All of them are SamplingParams fields, applied by the same logits processors as `LLM.generate`.
 """
 
@@ -35,10 +36,12 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # seeds are 64-bit, as a torch.Gener
 SAMPLING_FIELDS = (
     "max_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids", "seed", "n", "presence_penalty",
     "frequency_penalty", "logit_bias", "repetition_penalty", "no_repeat_ngram_size", "min_tokens", "bad_words",
-    "num_beams",
+    "num_beams", "min_p",
 )  # fmt: skip
 # Extra body fields (not OpenAI's) read as the SamplingParams fields of the same name.
-EXTRA_SAMPLING_FIELDS = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_tokens": 0, "num_beams": 1}
+EXTRA_SAMPLING_FIELDS = {
+    "repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_tokens": 0, "num_beams": 1, "min_p": 0.0,
+}  # fmt: skip
 
 
 class APIError(Exception):
