@@ -6,7 +6,7 @@
     gpt2 export --model run1.bin --tokenizer gpt2 --format hf --out run1-hf
     gpt2 export --model gpt2 --format onnx --dtype int8 --out gpt2-onnx      # onnx/model.onnx + model_quantized.onnx
 
-Formats and dtypes (default first): gguf f16|f32|bf16|q8_0; llmc f32|bf16; hf f32; onnx f32|int8
+Formats and dtypes (default first): gguf f16|f32|bf16|q8_0|q4_0; llmc f32|bf16; hf f32; onnx f32|int8
 (ONNX Runtime, transformers.js; needs the onnx extra: pip install 'gpt2-faithful[onnx]').
 An existing --out (for llmc, also the gpt2_tokenizer.bin beside it) is replaced only with --overwrite.
 """

@@ -2,7 +2,7 @@
 
 | format | writes | dtypes (default first) | read by |
 |---|---|---|---|
-| gguf | one `.gguf` file | f16, f32, bf16, q8_0 | llama.cpp (`llama-cli -m`), anything built on it |
+| gguf | one `.gguf` file | f16, f32, bf16, q8_0, q4_0 | llama.cpp (`llama-cli -m`), anything built on it |
 | llmc | the `.bin` checkpoint + `gpt2_tokenizer.bin` beside it | f32, bf16 | karpathy/llm.c's trainers |
 | hf | a directory: config.json, model.safetensors, tokenizer | f32 | transformers, `gpt2.api.LLM.load` |
 | onnx | a directory: onnx/model.onnx (+ model_quantized.onnx), tokenizer | f32, int8 | ORT, transformers.js |

@@ -310,10 +310,13 @@ class _Service:
         if declared.isdigit() and int(declared) > limit:
             raise too_large
         body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise too_large
+        try:
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise too_large
+        except ClientDisconnect:  # the client went away mid-body: nobody to answer, nothing to log
+            raise APIError(400, "the client disconnected before sending the whole body") from None
         try:
             return json.loads(bytes(body), parse_constant=reject_constant)
         except APIError:
@@ -322,10 +325,11 @@ class _Service:
             raise bad_request(f"the request body is not valid JSON: {str(err)[:200]}") from err
 
     def encode(self, prompt: str | Sequence[int], param: str) -> list[int]:
-        """A prompt's token ids: a text is encoded (special-token texts stay plain text); an empty prompt is
-        <|endoftext|>, the start of a new document, as in OpenAI's API."""
+        """A prompt's token ids: a text is encoded with special-token texts read as the special tokens
+        ('<|endoftext|>' is id 50256, as vLLM reads it); an empty prompt is <|endoftext|>, the start of a new
+        document, as in OpenAI's API."""
         try:
-            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            ids = self.tokenizer.encode(prompt, allowed_special="all") if isinstance(prompt, str) else list(prompt)
         except ValueError as err:  # e.g. a lone surrogate ("\ud800" is valid JSON but not encodable text)
             raise bad_request(f"the {param} is not valid Unicode text: {err}", param) from err
         ids = ids or [self.tokenizer.eot_token]
