@@ -76,6 +76,12 @@ def register(subparsers: Any) -> None:
         help="prompt tokens prefilled between two decode steps at most; longer prompts go in chunks "
         f"(default {defaults.prefill_chunk})",
     )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=defaults.max_connections,
+        help=f"connections open at once at most; past it a request gets 503 (default {defaults.max_connections})",
+    )
     add_speculation_arguments(parser)  # used for a request decoding alone (gpt2.serve.engine)
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     parser.set_defaults(func=run)
@@ -94,6 +100,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         prefix_cache=args.prefix_cache,
         prefix_cache_mb=args.prefix_cache_mb,
         prefill_chunk=args.prefill_chunk,
+        max_connections=args.max_connections,
     )
 
 

@@ -1,8 +1,9 @@
 """The HTTP application: OpenAI's routes on FastAPI, in front of the engine.
 
 Routes: `GET /v1/models` (and `/v1/models/{id}`), `POST /v1/completions`, `POST /v1/chat/completions`,
-`GET /health`, and the playground at `GET /`. Streaming answers are server-sent events in OpenAI's chunk format,
-ending with `data: [DONE]`.
+`POST /v1/embeddings` (OpenAI's body; last-token pooling, gpt2.inference.embedding), vLLM's `POST /tokenize` and
+`POST /detokenize` (gpt2.serve.tokens), `GET /health`, and the playground at `GET /`. Streaming answers are
+server-sent events in OpenAI's chunk format, ending with `data: [DONE]`.
 
 Every error is OpenAI-shaped JSON, `{"error": {"message", "type", "param", "code"}}`: 400 for a bad field or a
 malformed body, 401 without the API key (when one is set), 404 for an unknown model or route, 413 for a body
@@ -33,6 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from gpt2.api import LLM
+from gpt2.inference.embedding import embed
 from gpt2.serve.chat import ChatMessage
 from gpt2.serve.config import MEGABYTE, ServerConfig
 from gpt2.serve.engine import (
@@ -63,6 +65,7 @@ from gpt2.serve.protocol import (
     reject_constant,
     usage,
 )
+from gpt2.serve.tokens import detokenize, embedding_inputs, embedding_response, tokenize
 from gpt2.tokenizer.chat import encode_chat
 
 logger = logging.getLogger(__name__)
@@ -144,6 +147,23 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
     @app.post("/v1/chat/completions", dependencies=authorized)
     async def chat_completions(request: Request) -> Response:
         return await service.chat(request)
+
+    @app.post("/tokenize", dependencies=authorized)
+    async def tokenize_text(request: Request) -> dict[str, Any]:
+        body = await service.read_json(request)
+        return tokenize(body, service.tokenizer, service.engine.block_size)
+
+    @app.post("/detokenize", dependencies=authorized)
+    async def detokenize_tokens(request: Request) -> dict[str, Any]:
+        return detokenize(await service.read_json(request), service.tokenizer)
+
+    @app.post("/v1/embeddings", dependencies=authorized)
+    async def embeddings(request: Request) -> dict[str, Any]:
+        body = await service.read_json(request)
+        inputs = embedding_inputs(body, service.tokenizer, service.engine.block_size)
+        service.check_model(body.get("model"))
+        vectors = await run_in_threadpool(embed, service.llm.model, inputs)
+        return embedding_response(vectors, inputs, service.config.model_name, body.get("encoding_format", "float"))
 
     @app.get("/", response_class=HTMLResponse)
     async def playground() -> HTMLResponse:
