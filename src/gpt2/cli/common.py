@@ -133,6 +133,13 @@ def add_sampling_arguments(
     if samples:
         parser.add_argument("-n", "--num-samples", dest="n", type=int, default=defaults.n, help="samples to draw")
     rules = parser.add_argument_group("generation controls (transformers' GenerationConfig meanings)")
+    _add_rule_arguments(rules, defaults)
+    if beams:
+        _add_beam_arguments(rules, defaults)
+
+
+def _add_rule_arguments(rules: argparse._ArgumentGroup, defaults: SamplingParams) -> None:
+    """The logits-processor flags: penalties, bans, bias, minimum length."""
     rules.add_argument(
         "--repetition-penalty",
         type=float,
@@ -180,25 +187,28 @@ def add_sampling_arguments(
         default=defaults.frequency_penalty,
         help="lower a token's logit per time it was generated, in [-2, 2] (OpenAI's)",
     )
-    if beams:
-        rules.add_argument(
-            "--num-beams",
-            type=int,
-            default=defaults.num_beams,
-            help="beam search with this many beams (needs --temperature 0; -n best beams are printed)",
-        )
-        rules.add_argument(
-            "--length-penalty",
-            type=float,
-            default=defaults.length_penalty,
-            help="beam score = sum(log p) / length ** this (default 1.0)",
-        )
-        rules.add_argument(
-            "--early-stopping",
-            choices=["true", "false", "never"],
-            default="false",
-            help="beam search stop rule (transformers': true, false = heuristic, never = exact)",
-        )
+
+
+def _add_beam_arguments(rules: argparse._ArgumentGroup, defaults: SamplingParams) -> None:
+    """Beam search's flags (a command that streams one reply leaves them out)."""
+    rules.add_argument(
+        "--num-beams",
+        type=int,
+        default=defaults.num_beams,
+        help="beam search with this many beams (needs --temperature 0; -n best beams are printed)",
+    )
+    rules.add_argument(
+        "--length-penalty",
+        type=float,
+        default=defaults.length_penalty,
+        help="beam score = sum(log p) / length ** this (default 1.0)",
+    )
+    rules.add_argument(
+        "--early-stopping",
+        choices=["true", "false", "never"],
+        default="false",
+        help="beam search stop rule (transformers': true, false = heuristic, never = exact)",
+    )
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:

@@ -148,6 +148,18 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
     async def chat_completions(request: Request) -> Response:
         return await service.chat(request)
 
+    _add_token_routes(app, service, authorized)
+
+    @app.get("/", response_class=HTMLResponse)
+    async def playground() -> HTMLResponse:
+        return HTMLResponse(PLAYGROUND_HTML)
+
+    return app
+
+
+def _add_token_routes(app: FastAPI, service: _Service, authorized: list[Any]) -> None:
+    """vLLM's /tokenize and /detokenize, OpenAI's /v1/embeddings (gpt2.serve.tokens reads and writes the bodies)."""
+
     @app.post("/tokenize", dependencies=authorized)
     async def tokenize_text(request: Request) -> dict[str, Any]:
         body = await service.read_json(request)
@@ -164,12 +176,6 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
         service.check_model(body.get("model"))
         vectors = await run_in_threadpool(embed, service.llm.model, inputs)
         return embedding_response(vectors, inputs, service.config.model_name, body.get("encoding_format", "float"))
-
-    @app.get("/", response_class=HTMLResponse)
-    async def playground() -> HTMLResponse:
-        return HTMLResponse(PLAYGROUND_HTML)
-
-    return app
 
 
 # The engine's errors as HTTP answers, by type (never by message): status, OpenAI error type, code.
