@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -179,8 +180,9 @@ def test_the_connection_cap_and_keep_alive_reach_uvicorn(model_dir):
         ServerConfig(max_connections=0)
 
 
-def test_a_client_dropping_its_body_logs_no_traceback(model_dir, caplog):
-    """A real socket: headers promising 1000 bytes, half a body, then the connection closes."""
+@contextmanager
+def running(model_dir: Path) -> Iterator[int]:
+    """A real uvicorn server for the tiny model on a free loopback port; yields the port."""
     from gpt2.serve import uvicorn_server
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
@@ -196,18 +198,68 @@ def test_a_client_dropping_its_body_logs_no_traceback(model_dir, caplog):
                 break
             time.sleep(0.01)
         assert server.started
-        with caplog.at_level(logging.INFO):
-            with socket.create_connection(("127.0.0.1", port)) as client:
-                client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                               b"Content-Length: 1000\r\n\r\n" + b'{"model": "tiny", "prompt": "The')  # fmt: skip
-            for _ in range(100):  # the server notices the close on its next read
-                time.sleep(0.01)
-            health = socket.create_connection(("127.0.0.1", port))
-            health.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            assert health.recv(100).startswith(b"HTTP/1.1 200")
-            health.close()
+        yield port
     finally:
         server.should_exit = True
         thread.join(60)
         sock.close()
+
+
+def test_a_client_dropping_its_body_logs_no_traceback(model_dir, caplog):
+    """A real socket: headers promising 1000 bytes, half a body, then the connection closes."""
+    with running(model_dir) as port, caplog.at_level(logging.INFO):
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: 1000\r\n\r\n" + b'{"model": "tiny", "prompt": "The')  # fmt: skip
+        for _ in range(100):  # the server notices the close on its next read
+            time.sleep(0.01)
+        with socket.create_connection(("127.0.0.1", port)) as health:
+            health.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert health.recv(100).startswith(b"HTTP/1.1 200")
     assert not [record for record in caplog.records if record.exc_info], caplog.text
+
+
+PERPLEXITY_TASK = """\
+task: gpt2_local_perplexity
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{{{text}}}}"
+metric_list:
+  - metric: word_perplexity
+  - metric: byte_perplexity
+  - metric: bits_per_byte
+"""
+
+
+def test_lm_eval_perplexity_over_text_requests_equals_its_hf_model(model_dir, tmp_path, monkeypatch):
+    """lm-evaluation-harness's `local-completions` with tokenized_requests=False sends rolling windows as text,
+    each starting with <|endoftext|>: read as the special token, its perplexity equals the harness's `hf` model
+    on the same weights, at the same window size."""
+    lm_eval = pytest.importorskip("lm_eval")
+    from lm_eval.tasks import TaskManager
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    text = "The cat sat on the mat, and the dog lay by the door while the rain fell on the roof. " * 6
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps({"text": text[i:]}) + "\n" for i in (0, 40)), encoding="utf-8")
+    (tmp_path / "task.yaml").write_text(PERPLEXITY_TASK.format(data=data), encoding="utf-8")
+
+    def perplexity(model: str, model_args: dict[str, Any]) -> dict[str, float]:
+        results = lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=["gpt2_local_perplexity"],
+                                          task_manager=TaskManager(include_path=str(tmp_path)))  # fmt: skip
+        return results["results"]["gpt2_local_perplexity"]
+
+    hf = perplexity("hf", {"pretrained": str(model_dir), "max_length": 64, "device": "cpu", "dtype": "float32"})
+    with running(model_dir) as port:
+        served = perplexity("local-completions", {
+            "base_url": f"http://127.0.0.1:{port}/v1/completions", "model": MODEL, "tokenizer_backend": "huggingface",
+            "tokenizer": str(model_dir), "tokenized_requests": False, "max_length": 64, "max_retries": 1,
+        })  # fmt: skip
+    for metric in ("word_perplexity,none", "byte_perplexity,none", "bits_per_byte,none"):
+        assert served[metric] == pytest.approx(hf[metric], rel=1e-4), metric
