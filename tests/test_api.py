@@ -246,7 +246,10 @@ def test_sample_with_beams_prints_the_n_best_beams(run_dir: Path, capsys: pytest
     ("flags", "message"),
     [
         (["--logit-bias", "x=1"], "--logit-bias takes TOKEN_ID=BIAS (e.g. 50256=-100), got 'x=1'"),
-        (["--num-beams", "4"], "num_beams=4 is beam search, which is deterministic: pass temperature=0 (got 1.0)"),
+        (
+            ["--num-beams", "4"],
+            "num_beams=4 is beam search, which is deterministic: pass temperature=0 (--temperature 0; got 1.0)",
+        ),
         (["--repetition-penalty", "-1"], "repetition_penalty must be a number > 0 (1.0: off), got -1.0"),
     ],
 )

@@ -134,7 +134,12 @@ class LLM:
     ) -> list[str] | Batch:
         """`params.n` continuations of `prompt` (the i-th with seed + i when seeded); for a list of prompts, a
         list of those, in order, decoded together in one batch (`generate_texts`). num_beams > 1: the n best
-        beams."""
+        beams.
+
+        A text prompt is plain text: a special-token text such as '<|endoftext|>' in it is encoded character by
+        character (tiktoken's rule). To put the special token in, pass ids, e.g.
+        `llm.generate(llm.tokenizer.encode(text, allowed_special="all"))` (what `gpt2 serve` does with text
+        prompts, as vLLM does)."""
         params = params or SamplingParams()
         if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
             return generate_texts(self.model, self.tokenizer, prompt, params)

@@ -2,6 +2,9 @@
 
 Reads one user message per line from stdin (so it can be piped: `printf 'Hi\\n' | gpt2 chat --model DIR`) and
 prints each reply while it is generated. An empty line or end of input ends the chat.
+
+    gpt2 chat --model out/chat --system "You are terse."
+    gpt2 chat --model gpt2 --adapter out/chat-lora      # the adapter `gpt2 finetune --lora` wrote (OUT/adapter)
 """
 
 from __future__ import annotations
@@ -9,17 +12,25 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpt2.cli.common import MODEL_HELP, add_sampling_arguments
+from gpt2.cli.common import add_model_arguments, add_sampling_arguments, add_threads_argument
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("chat", help="chat with a fine-tuned model in the terminal (streams replies)")
-    parser.add_argument("--model", required=True, help=MODEL_HELP)
-    parser.add_argument("--tokenizer", help="tokenizer directory (default: the model's)")
-    parser.add_argument("--adapter", help="a LoRA adapter directory (PEFT's format) to merge into the model")
+    parser = subparsers.add_parser(
+        "chat",
+        help="chat with a fine-tuned model in the terminal (streams replies)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_model_arguments(parser, inference=True)
+    parser.add_argument(
+        "--adapter",
+        help="a LoRA adapter (PEFT's format) to merge into --model: its folder, or the output of "
+        "`gpt2 finetune --lora` (which holds it in adapter/)",
+    )
     parser.add_argument("--system", help="a system message that starts the conversation")
-    parser.add_argument("--device", default="auto")
-    add_sampling_arguments(parser, max_tokens=200)
+    add_threads_argument(parser)
+    add_sampling_arguments(parser, max_tokens=200, samples=False, beams=False)  # one streamed reply a turn
     parser.set_defaults(func=run)
 
 
@@ -27,12 +38,16 @@ def run(args: argparse.Namespace) -> int:
     from gpt2.api import LLM
     from gpt2.cli.common import sampling_params
     from gpt2.finetune.chat import ChatSession
-    from gpt2.finetune.lora import apply_adapter
+    from gpt2.finetune.lora import apply_adapter, find_adapter
+    from gpt2.cpu.layouts import prepare_for_inference
 
+    params = sampling_params(args)  # every flag is checked before anything loads
+    adapter = find_adapter(args.adapter, args.model) if args.adapter else None
     llm = LLM.load(args.model, tokenizer=args.tokenizer, device=args.device)
-    if args.adapter:
-        apply_adapter(llm.model, args.adapter)
-    session = ChatSession(llm.model, llm.tokenizer, sampling_params(args), system=args.system)
+    if adapter is not None:
+        apply_adapter(llm.model, adapter)  # merged into the float32 weights, then cast
+    prepare_for_inference(llm.model, args.dtype)
+    session = ChatSession(llm.model, llm.tokenizer, params, system=args.system)
     interactive = sys.stdin.isatty()
     while True:
         if interactive:

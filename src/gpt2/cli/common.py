@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -31,9 +31,10 @@ def load_model_and_tokenizer(
     return llm.model, llm.tokenizer
 
 
-def add_model_arguments(parser: argparse.ArgumentParser, *, inference: bool = False) -> None:
-    """--model and --tokenizer (what `LLM.load` reads); with `inference`, also --dtype and --device."""
-    parser.add_argument("--model", required=True, help=MODEL_HELP)
+def add_model_arguments(parser: argparse.ArgumentParser, *, inference: bool = False, required: bool = True) -> None:
+    """--model and --tokenizer (what `LLM.load` reads); with `inference`, also --dtype and --device. required=False
+    for a command that also takes the model as a positional argument."""
+    parser.add_argument("--model", required=required, help=MODEL_HELP)
     parser.add_argument("--tokenizer", help="tokenizer directory or Hub name (default: the one saved with the model)")
     if inference:
         parser.add_argument(
@@ -71,9 +72,29 @@ def load_speculative_llm(args: argparse.Namespace) -> LLM:
     )
 
 
-def add_sampling_arguments(parser: argparse.ArgumentParser, *, max_tokens: int = 256) -> None:
+def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    """--threads N: the CPU threads torch computes with (llama-server's -t); `set_threads(args)` applies it."""
+    parser.add_argument(
+        "--threads", "-t", type=int, metavar="N", help="CPU threads to compute with (default: torch's, one per core)"
+    )
+
+
+def set_threads(args: argparse.Namespace) -> None:
+    """torch.set_num_threads(--threads), when given; a count below 1 is a ValueError."""
+    threads = getattr(args, "threads", None)
+    if threads is None:
+        return
+    if threads < 1:
+        raise ValueError(f"--threads must be at least 1, got {threads}")
+    torch.set_num_threads(threads)
+
+
+def add_sampling_arguments(
+    parser: argparse.ArgumentParser, *, max_tokens: int = 256, samples: bool = True, beams: bool = True
+) -> None:
     """--max-new-tokens, --temperature, --top-p, --top-k, --stop, --stop-token-id, --seed, -n: one flag per
-    SamplingParams field, with its default; `sampling_params(args)` builds (and so validates) the dataclass."""
+    SamplingParams field, with its default; `sampling_params(args)` builds (and so validates) the dataclass.
+    samples=False leaves out -n and beams=False the beam-search flags, for a command that draws one reply."""
     defaults = SamplingParams()
     parser.add_argument(
         "--max-new-tokens",
@@ -91,6 +112,12 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, *, max_tokens: int =
         help="sample from the nucleus of this probability mass, in (0, 1] (default 1.0: off)",
     )
     parser.add_argument("--top-k", type=int, default=defaults.top_k, help="sample from the k most likely tokens only")
+    parser.add_argument(
+        "--min-p",
+        type=float,
+        default=defaults.min_p,
+        help="drop tokens less than this times as probable as the best one, in [0, 1] (default 0: off)",
+    )
     parser.add_argument("--stop", action="append", default=[], help="stop when this text appears (repeatable)")
     parser.add_argument(
         "--stop-token-id",
@@ -103,8 +130,16 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, *, max_tokens: int =
     parser.add_argument(
         "--seed", type=int, default=defaults.seed, help="make the samples reproducible (sample i uses seed + i)"
     )
-    parser.add_argument("-n", "--num-samples", dest="n", type=int, default=defaults.n, help="samples to draw")
+    if samples:
+        parser.add_argument("-n", "--num-samples", dest="n", type=int, default=defaults.n, help="samples to draw")
     rules = parser.add_argument_group("generation controls (transformers' GenerationConfig meanings)")
+    _add_rule_arguments(rules, defaults)
+    if beams:
+        _add_beam_arguments(rules, defaults)
+
+
+def _add_rule_arguments(rules: argparse._ArgumentGroup, defaults: SamplingParams) -> None:
+    """The logits-processor flags: penalties, bans, bias, minimum length."""
     rules.add_argument(
         "--repetition-penalty",
         type=float,
@@ -152,6 +187,10 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, *, max_tokens: int =
         default=defaults.frequency_penalty,
         help="lower a token's logit per time it was generated, in [-2, 2] (OpenAI's)",
     )
+
+
+def _add_beam_arguments(rules: argparse._ArgumentGroup, defaults: SamplingParams) -> None:
+    """Beam search's flags (a command that streams one reply leaves them out)."""
     rules.add_argument(
         "--num-beams",
         type=int,
@@ -174,15 +213,17 @@ def add_sampling_arguments(parser: argparse.ArgumentParser, *, max_tokens: int =
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:
     """The SamplingParams the flags of `add_sampling_arguments` describe; a bad value is a ValueError."""
+    defaults = SamplingParams()
     return SamplingParams(
         max_tokens=args.max_tokens,
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,
+        min_p=args.min_p,
         stop=tuple(args.stop),
         stop_token_ids=tuple(args.stop_token_ids),
         seed=args.seed,
-        n=args.n,
+        n=getattr(args, "n", defaults.n),
         repetition_penalty=args.repetition_penalty,
         no_repeat_ngram_size=args.no_repeat_ngram_size,
         min_tokens=args.min_tokens,
@@ -190,10 +231,14 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
         logit_bias=dict(_token_bias(text) for text in args.logit_bias),
         presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty,
-        num_beams=args.num_beams,
-        length_penalty=args.length_penalty,
-        early_stopping={"true": True, "false": False}.get(args.early_stopping, args.early_stopping),
+        num_beams=getattr(args, "num_beams", defaults.num_beams),
+        length_penalty=getattr(args, "length_penalty", defaults.length_penalty),
+        early_stopping=_early_stopping(getattr(args, "early_stopping", "false")),
     )
+
+
+def _early_stopping(text: str) -> bool | Literal["never"]:
+    return "never" if text == "never" else text == "true"
 
 
 def _token_bias(text: str) -> tuple[int, float]:

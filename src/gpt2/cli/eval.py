@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gpt2.cli.common import MODEL_HELP, load_model_and_tokenizer
+from gpt2.cli.common import MODEL_HELP, add_threads_argument, load_model_and_tokenizer
 from gpt2.cpu.layouts import PRECISIONS
 from gpt2.eval import (
     DEFAULT_BATCH_SIZE,
@@ -61,6 +61,7 @@ def _shared_arguments() -> tuple[argparse.ArgumentParser, argparse.ArgumentParse
     )
     common.add_argument("--out", type=Path, help="also write the results to this JSON file")
     common.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_threads_argument(common)
 
     # Few-shot prompts as lm-evaluation-harness builds them (gpt2.eval.fewshot).
     shots = argparse.ArgumentParser(add_help=False)

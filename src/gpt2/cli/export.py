@@ -6,8 +6,9 @@
     gpt2 export --model run1.bin --tokenizer gpt2 --format hf --out run1-hf
     gpt2 export --model gpt2 --format onnx --dtype int8 --out gpt2-onnx      # onnx/model.onnx + model_quantized.onnx
 
-Formats and dtypes (default first): gguf f16|f32|bf16|q8_0; llmc f32|bf16; hf f32; onnx f32|int8
+Formats and dtypes (default first): gguf f16|f32|bf16|q8_0|q4_0; llmc f32|bf16; hf f32; onnx f32|int8
 (ONNX Runtime, transformers.js; needs the onnx extra: pip install 'gpt2-faithful[onnx]').
+An existing --out (for llmc, also the gpt2_tokenizer.bin beside it) is replaced only with --overwrite.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from typing import Any
 from gpt2.api import LLM
 from gpt2.cli.common import add_model_arguments
 from gpt2.export import FORMATS, export_dtype, export_model
+from gpt2.export.formats import refuse_existing_output
 from gpt2.export.onnx import require_onnx_packages
+from gpt2.runtime.files import disk_errors_named
 
 
 def register(subparsers: Any) -> None:
@@ -34,17 +37,20 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--out", required=True, help="file to write (gguf, llmc) or directory (hf, onnx)")
     parser.add_argument("--dtype", help="stored precision (default: f16 for gguf, f32 otherwise)")
     parser.add_argument("--name", help="model name recorded in the file (gguf; default: the model's folder name)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     dtype = export_dtype(args.format, args.dtype)  # a wrong --dtype is reported before anything is loaded
+    refuse_existing_output(args.format, args.out, overwrite=args.overwrite)  # so is an --out already there
     if args.format == "onnx":
         require_onnx_packages(quantize=dtype == "int8")  # so is a missing extra
     llm = LLM.load(args.model, tokenizer=args.tokenizer, device="cpu")
     model_path = Path(str(args.model).rstrip("/"))
     name = args.name or (model_path.stem if model_path.is_file() else model_path.name)
-    result = export_model(llm.model, llm.tokenizer, args.format, args.out, dtype=dtype, name=name)
+    with disk_errors_named(args.out):
+        result = export_model(llm.model, llm.tokenizer, args.format, args.out, dtype=dtype, name=name)
     for path in result.paths:
         print(f"wrote {path} ({result.format}, {result.dtype_of(path)}, {_size(path)})")
     return 0

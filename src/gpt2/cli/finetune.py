@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
     from gpt2.cli.train import EXIT_INTERRUPTED
     from gpt2.finetune import FinetuneConfig, finetune
+    from gpt2.runtime.files import disk_errors_named
 
     values: dict[str, object] = {"model": args.model, "data": args.data, "out_dir": args.out}
     if args.lora:
@@ -68,8 +69,9 @@ def run(args: argparse.Namespace) -> int:
     def log(message: str) -> None:
         tqdm.write(message, file=sys.stderr)
 
-    result = finetune(config, resume=args.resume, overwrite=args.overwrite, stop_at_step=args.stop_at_step,
-                      progress=not args.no_progress, log=log)  # fmt: skip
+    with disk_errors_named(args.out):
+        result = finetune(config, resume=args.resume, overwrite=args.overwrite, stop_at_step=args.stop_at_step,
+                          progress=not args.no_progress, log=log)  # fmt: skip
     if result.interrupted:
         again = [a for a in sys.argv[2:] if a != "--overwrite"] if sys.argv[1:2] == ["finetune"] else []
         print(f"interrupted at step {result.step}; checkpoint saved in {result.out_dir}; continue with: "

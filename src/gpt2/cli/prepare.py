@@ -72,6 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpt2.data import PrepareOptions, prepare
+    from gpt2.runtime.files import disk_errors_named
 
     if not args.sources and args.dataset is None:
         raise ValueError("nothing to prepare: pass files, directories or globs, or --dataset NAME")
@@ -87,15 +88,16 @@ def run(args: argparse.Namespace) -> int:
         dataset_config=args.dataset_config,
         expected_tokens=expected,
     )
-    manifest = prepare(
-        args.sources,
-        args.out,
-        tokenizer,
-        options,
-        overwrite=args.overwrite,
-        progress=not args.quiet,
-        log=None if args.quiet else (lambda message: print(message, file=sys.stderr)),
-    )
+    with disk_errors_named(args.out):
+        manifest = prepare(
+            args.sources,
+            args.out,
+            tokenizer,
+            options,
+            overwrite=args.overwrite,
+            progress=not args.quiet,
+            log=None if args.quiet else (lambda message: print(message, file=sys.stderr)),
+        )
     splits = manifest["splits"]
     notes = []
     if manifest["empty_files"]["count"]:

@@ -13,6 +13,7 @@ tokenizer is read from the model directory when it holds one (`gpt2 train` saves
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from typing import Any
 
@@ -20,6 +21,7 @@ from gpt2.cli.common import (
     add_model_arguments,
     add_sampling_arguments,
     add_speculation_arguments,
+    add_threads_argument,
     load_speculative_llm,
     sampling_params,
 )
@@ -42,6 +44,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--compile", action="store_true", help="torch.compile the decode step (GPU)")
     add_speculation_arguments(parser)
     parser.add_argument("--no-echo", action="store_true", help="print only the continuation, not the prompt")
+    add_threads_argument(parser)
     parser.set_defaults(func=run)
 
 
@@ -62,9 +65,11 @@ def run(args: argparse.Namespace) -> int:
     for sample in range(params.n):
         if sample:
             sys.stdout.write(SAMPLE_SEPARATOR)
+        pieces = llm.stream(prompt, params.for_sample(sample), **engine)
+        first = next(pieces, "")  # a prompt the model refuses (too long, bad ids) fails here, before any echo
         if not args.no_echo:
             sys.stdout.write(prompt)
-        for piece in llm.stream(prompt, params.for_sample(sample), **engine):
+        for piece in itertools.chain([first], pieces):
             sys.stdout.write(piece)
             sys.stdout.flush()
     sys.stdout.write("\n")

@@ -1,10 +1,10 @@
 """`gpt2 serve`: an OpenAI-compatible HTTP server (completions, chat, models, a playground at /).
 
-    gpt2 serve --model out/run1
-    gpt2 serve --model gpt2 --dtype int8 --port 8000 --api-key "$KEY"
-    gpt2 serve --model gpt2-medium --draft distilgpt2     # speculative decoding for a lone request
+    gpt2 serve gpt2                                       # the model may also be given as --model gpt2
     curl localhost:8000/v1/completions -H 'Content-Type: application/json' \\
         -d '{"model": "gpt2", "prompt": "Hello", "max_tokens": 20}'
+    gpt2 serve out/run1 --dtype int8 --port 8001 --api-key "$KEY" --threads 4
+    gpt2 serve gpt2-medium --draft distilgpt2             # speculative decoding for a lone request
 
 Listens on 127.0.0.1 (this machine only) unless --host says otherwise. Concurrent requests are decoded together
 (continuous batching); SIGTERM or Ctrl-C lets requests in flight finish for --drain-seconds, then exits.
@@ -18,7 +18,13 @@ import os
 from functools import partial
 from typing import Any
 
-from gpt2.cli.common import add_model_arguments, add_speculation_arguments, load_speculative_llm
+from gpt2.cli.common import (
+    MODEL_HELP,
+    add_model_arguments,
+    add_speculation_arguments,
+    add_threads_argument,
+    load_speculative_llm,
+)
 from gpt2.serve.config import ServerConfig
 
 API_KEY_ENV = "GPT2_SERVE_API_KEY"
@@ -32,7 +38,9 @@ def register(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_model_arguments(parser, inference=True)
+    parser.add_argument("model_path", nargs="?", metavar="MODEL", help=f"the model to serve, as --model: {MODEL_HELP}")
+    add_model_arguments(parser, inference=True, required=False)
+    add_threads_argument(parser)
     parser.add_argument("--served-model-name", help="the model's name in the API (default: --model)")
     parser.add_argument("--host", default=defaults.host, help=f"interface to listen on (default {defaults.host})")
     parser.add_argument("--port", type=int, default=defaults.port, help=f"TCP port (default {defaults.port})")
@@ -68,6 +76,12 @@ def register(subparsers: Any) -> None:
         help="prompt tokens prefilled between two decode steps at most; longer prompts go in chunks "
         f"(default {defaults.prefill_chunk})",
     )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=defaults.max_connections,
+        help=f"connections open at once at most; past it a request gets 503 (default {defaults.max_connections})",
+    )
     add_speculation_arguments(parser)  # used for a request decoding alone (gpt2.serve.engine)
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     parser.set_defaults(func=run)
@@ -86,10 +100,21 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         prefix_cache=args.prefix_cache,
         prefix_cache_mb=args.prefix_cache_mb,
         prefill_chunk=args.prefill_chunk,
+        max_connections=args.max_connections,
     )
 
 
+def choose_model(args: argparse.Namespace) -> None:
+    """Set args.model from the positional MODEL or --model: exactly one of them."""
+    if args.model_path is not None and args.model is not None and args.model_path != args.model:
+        raise ValueError(f"two models given ({args.model_path} and --model {args.model}); pass one")
+    args.model = args.model_path or args.model
+    if args.model is None:
+        raise ValueError("no model given: gpt2 serve MODEL (or --model MODEL), e.g. gpt2 serve gpt2")
+
+
 def run(args: argparse.Namespace) -> int:
+    choose_model(args)
     config = server_config(args)  # every setting is checked before the model loads
     try:
         from gpt2.serve.server import serve

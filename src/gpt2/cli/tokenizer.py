@@ -21,7 +21,13 @@ TOKENIZER_ENV = "GPT2_TOKENIZER"  # the tokenizer `gpt2 tokenize` and `gpt2 prep
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    tokenize = subparsers.add_parser("tokenize", help="turn text into token ids (or count them)")
+    tokenize = subparsers.add_parser(
+        "tokenize",
+        help="turn text into token ids (or count them)",
+        description="Turn text into GPT-2 token ids, printed space-separated on one line (--count: how many).\n\n"
+        "    gpt2 tokenize notes.txt --tokenizer gpt2\n    echo 'Hello world' | gpt2 tokenize --count",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     tokenize.add_argument("file", nargs="?", default="-", help="UTF-8 text file; '-' or nothing reads stdin")
     tokenize.add_argument(
         "--tokenizer",
@@ -35,10 +41,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     tokenize.set_defaults(func=run_tokenize)
 
-    tokenizer = subparsers.add_parser("tokenizer", help="tokenizer tools: train")
+    tokenizer = subparsers.add_parser(
+        "tokenizer",
+        help="tokenizer tools: train",
+        description="Tokenizer tools. `gpt2 tokenizer train`: a byte-level BPE vocabulary (vocab.json, merges.txt) "
+        "learnt from your own text.\n\n    gpt2 tokenizer train Lib/ --pattern '*.py' --vocab-size 8192 --out tok",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     tokenizer.set_defaults(func=lambda args: _print_help(tokenizer))
     actions = tokenizer.add_subparsers(dest="action", metavar="ACTION")
-    train = actions.add_parser("train", help="train a byte-level BPE tokenizer on your own text")
+    train = actions.add_parser(
+        "train",
+        help="train a byte-level BPE tokenizer on your own text",
+        description="Train a byte-level BPE tokenizer (GPT-2's split pattern) on text files and write vocab.json and "
+        "merges.txt into --out.",
+    )
     train.add_argument("inputs", nargs="+", type=Path, help="text files, or directories searched recursively")
     train.add_argument("--vocab-size", type=int, required=True, help="ids in the result, <|endoftext|> included")
     train.add_argument("--out", type=Path, required=True, help="directory to write the vocabulary files into")

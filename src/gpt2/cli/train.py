@@ -48,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpt2.runtime.files import disk_errors_named
     from gpt2.train import TrainingDiverged, distributed_from_env, train
     from gpt2.train.config import load_config
 
@@ -66,8 +67,9 @@ def run(args: argparse.Namespace) -> int:
         tqdm.write(message, file=sys.stderr)
 
     try:
-        result = train(config, resume=args.resume, overwrite=args.overwrite, stop_at_step=args.stop_at_step,
-                       progress=not args.no_progress, log=log)  # fmt: skip
+        with disk_errors_named(config.output.out_dir):
+            result = train(config, resume=args.resume, overwrite=args.overwrite, stop_at_step=args.stop_at_step,
+                           progress=not args.no_progress, log=log)  # fmt: skip
     except TrainingDiverged as err:
         if is_main:
             print(f"gpt2 train: stopped: {err}", file=sys.stderr)

@@ -2,7 +2,7 @@
 
 | format | writes | dtypes (default first) | read by |
 |---|---|---|---|
-| gguf | one `.gguf` file | f16, f32, bf16, q8_0 | llama.cpp (`llama-cli -m`), anything built on it |
+| gguf | one `.gguf` file | f16, f32, bf16, q8_0, q4_0 | llama.cpp (`llama-cli -m`), anything built on it |
 | llmc | the `.bin` checkpoint + `gpt2_tokenizer.bin` beside it | f32, bf16 | karpathy/llm.c's trainers |
 | hf | a directory: config.json, model.safetensors, tokenizer | f32 | transformers, `gpt2.api.LLM.load` |
 | onnx | a directory: onnx/model.onnx (+ model_quantized.onnx), tokenizer | f32, int8 | ORT, transformers.js |
@@ -17,6 +17,7 @@ from pathlib import Path
 from gpt2.export.hf import HF_DTYPES, export_hf
 from gpt2.export.llamacpp import GGUF_DTYPES, export_gguf
 from gpt2.export.llmc import LLMC_DTYPES, export_llmc
+from gpt2.export.llmc import TOKENIZER_FILE as LLMC_TOKENIZER_FILE
 from gpt2.export.onnx import ONNX_DTYPES, ONNX_FILES, export_onnx
 from gpt2.model import GPT
 from gpt2.tokenizer.protocol import TextTokenizer
@@ -75,6 +76,28 @@ class ExportResult:
         if self.format == "onnx":
             return {name: dtype for dtype, name in ONNX_FILES.items()}.get(path.name, self.dtype)
         return self.dtype
+
+
+def export_targets(format: str, out: str | os.PathLike[str]) -> list[Path]:
+    """The paths an export in `format` at `out` writes over: `out` itself, and for llmc the tokenizer file
+    beside it."""
+    out = Path(out)
+    return [out, out.parent / LLMC_TOKENIZER_FILE] if format == "llmc" else [out]
+
+
+def refuse_existing_output(format: str, out: str | os.PathLike[str], *, overwrite: bool = False) -> None:
+    """Raise FileExistsError naming the first file or non-empty folder an export at `out` would replace, unless
+    `overwrite`; an empty folder counts as free."""
+    if overwrite:
+        return
+    for path in export_targets(format, out):
+        if path.is_dir() and not any(path.iterdir()):
+            continue
+        if path.exists() or path.is_symlink():
+            kind = "folder" if path.is_dir() else "file"
+            raise FileExistsError(
+                f"{path} already exists ({kind}); pass --overwrite to replace it, or choose another --out"
+            )
 
 
 def export_model(

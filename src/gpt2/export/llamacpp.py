@@ -14,7 +14,9 @@ What goes in, as llama.cpp's own converter (convert_hf_to_gguf.py) writes a GPT2
 Types: f32 writes everything as F32. f16, bf16 and q8_0 convert the 2-D weights and the token embedding; biases,
 norms (1-D) and the position embedding stay F32, as the converter keeps them (llama.cpp's kernels expect
 that). q8_0 needs rows that are a multiple of 32 values; a weight whose rows are not falls back to F16, as
-in the converter.
+in the converter. q4_0 (llama.cpp's most used 4-bit type: blocks of 32 weights, one f16 scale each, through the
+gguf package's quantizer) applies to the blocks' 2-D weights; the token embedding, which is also the output
+layer, stays q8_0 (`Q4_0_KEEPS_Q8_0`).
 
 Needs the `gguf` package (llama.cpp's own reader/writer): `pip install 'gpt2-faithful[gguf]'`.
 The names and the reader are in gpt2.weights.gguf (`load_model` reads these files back).
@@ -42,10 +44,13 @@ from gpt2.tokenizer import Tokenizer
 from gpt2.tokenizer.protocol import TextTokenizer
 from gpt2.weights.gguf import ARCHITECTURE, BLOCK_TENSOR_NAMES, gguf_tensor_name
 
-GGUF_DTYPES = ("f16", "f32", "bf16", "q8_0")  # the converter's default first
+GGUF_DTYPES = ("f16", "f32", "bf16", "q8_0", "q4_0")  # the converter's default first
 
 # Tensors that stay F32 whatever the file type (besides every 1-D tensor): llama.cpp's converter keeps them so.
 ALWAYS_F32 = ("position_embd.weight",)
+# q4_0 keeps the token embedding, which GPT-2 also uses as its output layer, at 8 bits: llama-quantize gives the
+# output layer more bits than the rest for the same reason (its error reaches every logit directly).
+Q4_0_KEEPS_Q8_0 = ("token_embd.weight", "output.weight")
 
 
 def _gguf() -> Any:
@@ -60,6 +65,7 @@ def _file_types(gguf: Any) -> dict[str, tuple[Any, Any]]:
         "f16": (file_type.MOSTLY_F16, quant.F16),
         "bf16": (file_type.MOSTLY_BF16, quant.BF16),
         "q8_0": (file_type.MOSTLY_Q8_0, quant.Q8_0),
+        "q4_0": (file_type.MOSTLY_Q4_0, quant.Q4_0),
     }
 
 
@@ -119,9 +125,11 @@ def export_gguf(
         qtype = wanted
         if array.ndim <= 1 or gguf_name.endswith("_norm.weight") or gguf_name in ALWAYS_F32:
             qtype = gguf.GGMLQuantizationType.F32
+        elif qtype == gguf.GGMLQuantizationType.Q4_0 and gguf_name in Q4_0_KEEPS_Q8_0:
+            qtype = gguf.GGMLQuantizationType.Q8_0
         try:
             data = gguf.quants.quantize(array, qtype)
-        except gguf.QuantError:  # q8_0 on rows that are not whole 32-value blocks
+        except gguf.QuantError:  # q8_0 / q4_0 on rows that are not whole 32-value blocks
             qtype = gguf.GGMLQuantizationType.F16
             data = gguf.quants.quantize(array, qtype)
         writer.add_tensor(gguf_name, data, raw_dtype=qtype)

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from gpt2.model import IGNORE_INDEX
-from gpt2.runtime.files import iter_jsonl_objects
+from gpt2.runtime.files import iter_jsonl_objects, read_utf8_text
 from gpt2.tokenizer.chat import encode_chat
 from gpt2.tokenizer.protocol import TextTokenizer
 
@@ -68,12 +68,13 @@ def load_examples(path: str | Path, tokenizer: TextTokenizer, *, column: str | N
         files = sorted(p for p in source.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
         if not files:
             raise ValueError(f"data folder {source} holds no {'/'.join(TEXT_SUFFIXES)} files")
-        return [example for file in files for example in _text_examples(file.read_text("utf-8"), tokenizer)]
+        return [example for file in files for example in _text_examples(read_utf8_text(file), tokenizer)]
+    text = read_utf8_text(source)  # a byte that is not UTF-8 is named by file:line before any record is read
     if source.suffix == ".jsonl":
         return _jsonl_examples(source, tokenizer, text_field)
     if source.suffix == ".csv":
         return _csv_examples(source, tokenizer, column)
-    return _text_examples(source.read_text("utf-8"), tokenizer)
+    return _text_examples(text, tokenizer)
 
 
 def _document(text: str, tokenizer: TextTokenizer) -> Example:

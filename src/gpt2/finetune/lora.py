@@ -27,6 +27,7 @@ from gpt2.runtime.files import atomic_write_bytes, atomic_write_text
 
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
+MERGED_ADAPTER_DIR = "adapter"  # where a LoRA fine-tune writes its adapter, beside the merged model
 PEFT_PREFIX = "base_model.model."  # PeftModel -> LoraModel -> the wrapped GPT2LMHeadModel
 TARGETABLE = ("c_attn", "c_proj", "c_fc")
 
@@ -109,6 +110,29 @@ def merge_lora(model: GPT) -> GPT:
             if isinstance(child, LoRALinear):
                 setattr(module, name, child.merged())
     return model
+
+
+def find_adapter(directory: str | os.PathLike[str], model: str | os.PathLike[str] | None = None) -> Path:
+    """The adapter folder `directory` names: itself when it holds adapter_config.json, else its `adapter/`
+    (where `gpt2 finetune --lora` writes it, beside the merged model). With `model` (what the adapter will be
+    applied to): refused when that is the merged output of this very adapter, which would apply it twice."""
+    folder = Path(directory)
+    if not (folder / ADAPTER_CONFIG_FILE).is_file() and (folder / MERGED_ADAPTER_DIR / ADAPTER_CONFIG_FILE).is_file():
+        folder = folder / MERGED_ADAPTER_DIR
+    if model is None:
+        return folder
+    beside = Path(model) / MERGED_ADAPTER_DIR / ADAPTER_WEIGHTS_FILE
+    mine = folder / ADAPTER_WEIGHTS_FILE
+    if beside.is_file() and mine.is_file() and _same_bytes(beside, mine):
+        raise ValueError(
+            f"{model} already has the adapter {folder} merged into its weights (`gpt2 finetune --lora` writes the "
+            f"merged model and {MERGED_ADAPTER_DIR}/ beside it); drop --adapter, or pass the base model as --model"
+        )
+    return folder
+
+
+def _same_bytes(first: Path, second: Path) -> bool:
+    return first.stat().st_size == second.stat().st_size and first.read_bytes() == second.read_bytes()
 
 
 def apply_adapter(model: GPT, directory: str | os.PathLike[str]) -> GPT:

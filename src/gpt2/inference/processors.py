@@ -15,7 +15,9 @@ The rules and their meanings (transformers' GenerationConfig names and rules unl
 - `bad_words`: bans a token sequence (its last token, where the ones before it were just produced);
 - `min_tokens`: bans the stop ids (end-of-text among them) until that many tokens are generated;
 - `presence_penalty` / `frequency_penalty`: OpenAI's rule over the continuation only (not the prompt, as vLLM);
-- a vocabulary limit: ids the tokenizer lacks (a padded vocabulary) are never drawn.
+- a vocabulary limit: ids the tokenizer lacks (a padded vocabulary) are never drawn;
+- `min_p`: drops tokens less than min_p times as probable as the best one at the sampling temperature
+  (transformers' MinPLogitsWarper; last, so it sees every other rule's logits, and before top-k / top-p as in vLLM).
 
 Order, as transformers applies its own: bias, repetition, n-grams, bad words, minimum length; then OpenAI's
 penalties and the vocabulary limit. Temperature, top-k and top-p are the sampler's (gpt2.inference.sampling).
@@ -186,6 +188,21 @@ class VocabLimit:
 
 
 # ------------------------------------------------------------------------------------------ building
+@dataclass(frozen=True)
+class MinP:
+    """Bans the tokens whose probability at `temperature` is below `min_p` times the row's largest (transformers'
+    MinPLogitsWarper applied to logits / temperature; the sampler divides by the temperature afterwards, which
+    keeps the banned tokens at -inf). The most probable token always stays."""
+
+    min_p: float
+    temperature: float
+
+    def __call__(self, token_ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(logits.float() / self.temperature, dim=-1)  # (B, V)
+        threshold = self.min_p * probs.amax(dim=-1, keepdim=True)  # (B, 1)
+        return logits.masked_fill(probs < threshold, NEG_INF)
+
+
 def build_processors(
     params: SamplingParams,
     *,
@@ -225,6 +242,8 @@ def build_processors(
         processors.append(PresenceFrequencyPenalty(params.presence_penalty, params.frequency_penalty, prompt_length))
     if vocab_limit is not None and vocab_limit < vocab_size:
         processors.append(VocabLimit(vocab_limit))
+    if params.min_p > 0 and not params.greedy:  # greedy keeps the best token, which min_p always keeps
+        processors.append(MinP(params.min_p, params.temperature))
     return processors
 
 

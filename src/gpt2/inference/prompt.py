@@ -82,7 +82,7 @@ def check_prompt(model: GPT, idx: Any, attention_mask: Any, truncate: Truncate) 
     if T > config.block_size and truncate != "left":
         raise ValueError(
             f"prompt of {T} tokens exceeds the model's context block_size={config.block_size}; shorten it or pass "
-            "truncate='left' to keep its last block_size tokens"
+            "truncate='left' (--truncate left) to keep its last block_size tokens"
         )
     check_token_ids(idx, config.vocab_size)
     if attention_mask is None:

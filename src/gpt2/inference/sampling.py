@@ -99,6 +99,10 @@ class SamplingParams:
     json_schema: Mapping[str, Any] | str | None = field(default=None, hash=False)
     """Structured output: the continuation is JSON valid under this schema, a dict or its JSON text
     ({"type": "object"}: any JSON object, OpenAI's json_object)."""
+    min_p: float = 0.0
+    """Draw only tokens at least min_p times as probable as the most probable one, after temperature, in [0, 1]
+    (transformers' MinPLogitsWarper, vLLM's and llama.cpp's min_p; 0: off). Applied before top-k and top-p, as
+    vLLM applies it."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -122,6 +126,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}; use 1.0 to disable nucleus filtering")
         if self.top_k is not None and (not _is_int(self.top_k) or self.top_k < 1):
             raise ValueError(f"top_k must be an integer >= 1, got {self.top_k!r}; use None to disable top-k filtering")
+        if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be a number in [0, 1], got {self.min_p!r}; use 0 to disable it")
         if not all(isinstance(text, str) and text for text in self.stop):
             raise ValueError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
         if not all(_is_int(token) and token >= 0 for token in self.stop_token_ids):
@@ -175,7 +181,7 @@ class SamplingParams:
         if self.num_beams > 1 and not self.greedy:
             raise ValueError(
                 f"num_beams={self.num_beams} is beam search, which is deterministic: pass temperature=0 "
-                f"(got {self.temperature!r})"
+                f"(--temperature 0; got {self.temperature!r})"
             )
         if self.num_beams > 1 and self.n > self.num_beams:
             raise ValueError(f"n={self.n} beams asked for but num_beams={self.num_beams}; raise num_beams or lower n")

@@ -9,6 +9,12 @@ transformers tokenizer object; and its per-token mask is precomputed per grammar
 cache), so a step costs a bitmask fill of V / 32 words plus one masked fill in C++, measured in
 benchmarks/bench_structured.py against a decode step (docs/benchmarks.md).
 
+A schema's properties come in the schema's order (as OpenAI's structured outputs return them). Numbers are bounded
+as llama.cpp's JSON-schema grammar bounds them (common/json-schema-to-grammar.cpp: an integral part of at most
+16 digits, a fraction of at most 16), so a sampled integer cannot run on until max_tokens: an integer or number
+with one bound gets the other at 16 nines (xgrammar then writes a bounded digit grammar), and the grammar of
+unbounded numbers is rewritten with those limits (`bounded_ebnf`).
+
 Usage: `structured_processor(params, tokenizer)` gives the processor for `params.json_schema` / `params.regex`
 (None when neither is set); a `GrammarCompiler` kept beside a tokenizer reuses its vocabulary tables and compiled
 grammars across requests (the server should hold one).
@@ -44,8 +50,52 @@ def _reason(err: Exception) -> str:
     return re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", text)
 
 
+NUMBER_DIGITS = 16  # llama.cpp's integral-part [0] | [1-9] [0-9]{0,15} and decimal-part [0-9]{1,16}
+LARGEST_BOUNDED = 10**NUMBER_DIGITS - 1
+# xgrammar's rules for a number with no bounds (and any JSON value's numbers): (rule, unbounded, bounded)
+_UNBOUNDED_RULES = (
+    ("basic_integer", "[1-9] [0-9]*", f"[1-9] [0-9]{{0, {NUMBER_DIGITS - 1}}}"),
+    ("basic_number_2", "[1-9] [0-9]*", f"[1-9] [0-9]{{0, {NUMBER_DIGITS - 1}}}"),
+    ("basic_number_3", "basic_number_digits{1, -1}", f"basic_number_digits{{1, {NUMBER_DIGITS}}}"),
+    ("basic_number_5", "basic_number_digits{1, -1}", f"basic_number_digits{{1, {NUMBER_DIGITS}}}"),
+)
+_NOT_SCHEMAS = ("const", "enum", "default", "examples")  # values that are data, never subschemas
+
+
+def bounded_schema(schema: Any) -> Any:
+    """A copy of a JSON schema where every integer or number with exactly one bound (minimum / exclusiveMinimum,
+    maximum / exclusiveMaximum) gets the other at +-(10**16 - 1), as far as llama.cpp lets its digits run."""
+    if isinstance(schema, list):
+        return [bounded_schema(item) for item in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    copy = {key: value if key in _NOT_SCHEMAS else bounded_schema(value) for key, value in schema.items()}
+    if copy.get("type") in ("integer", "number"):
+        low = "minimum" in copy or "exclusiveMinimum" in copy
+        high = "maximum" in copy or "exclusiveMaximum" in copy
+        if low and not high:
+            copy["maximum"] = LARGEST_BOUNDED
+        elif high and not low:
+            copy["minimum"] = -LARGEST_BOUNDED
+    return copy
+
+
+def bounded_ebnf(ebnf: str) -> str:
+    """xgrammar's EBNF of a JSON schema with its unbounded number rules limited to llama.cpp's digit counts.
+    A rule not found as expected (another xgrammar) is a RuntimeError, never a silently unbounded grammar."""
+    lines = ebnf.splitlines()
+    for rule, unbounded, bounded in _UNBOUNDED_RULES:
+        for index, line in enumerate(lines):
+            if line.startswith(f"{rule} ::= "):
+                if unbounded not in line:
+                    raise RuntimeError(f"xgrammar's rule {line!r} has changed; update _UNBOUNDED_RULES")
+                lines[index] = line.replace(unbounded, bounded)
+    return "\n".join(lines) + "\n"
+
+
 def schema_text(json_schema: Mapping[str, Any] | str) -> str:
-    """A JSON schema (dict or JSON text) as canonical JSON text; a ValueError when it is not JSON."""
+    """A JSON schema (dict or JSON text) as JSON text, its keys in their order (properties keep the order the
+    schema gives them); a ValueError when it is not JSON."""
     if isinstance(json_schema, str):
         try:
             json_schema = json.loads(json_schema)
@@ -53,7 +103,7 @@ def schema_text(json_schema: Mapping[str, Any] | str) -> str:
             raise ValueError(f"json_schema is not valid JSON: {err}") from err
     if not isinstance(json_schema, Mapping):
         raise ValueError(f"json_schema must be a JSON object (a dict), got {type(json_schema).__name__}")
-    return json.dumps(json_schema, sort_keys=True)
+    return json.dumps(json_schema)
 
 
 def check_structured(regex: str | None, json_schema: Mapping[str, Any] | str | None) -> None:
@@ -90,6 +140,7 @@ class GrammarCompiler:
         # Raw bytes of every token; end-of-text is a stop token, never the text '<|endoftext|>'.
         vocab = [b"" if token == eot else tokenizer.decode_bytes([token]) for token in range(len(tokenizer))]
         info = xgr.TokenizerInfo(vocab, xgr.VocabType.RAW, vocab_size=self.vocab_size, stop_token_ids=[eot])
+        self._xgr = xgr
         self._compiler = xgr.GrammarCompiler(info)
 
     def compile(self, *, regex: str | None = None, json_schema: Mapping[str, Any] | str | None = None) -> Any:
@@ -98,8 +149,11 @@ class GrammarCompiler:
         if regex is not None:
             return self._compiler.compile_regex(regex)
         assert json_schema is not None, "pass regex or json_schema"
+        text = json_schema if isinstance(json_schema, str) else schema_text(json_schema)
+        schema = bounded_schema(json.loads(text))
         # no free whitespace: a model could otherwise pad the JSON with spaces until max_tokens
-        return self._compiler.compile_json_schema(schema_text(json_schema), any_whitespace=False)
+        grammar = self._xgr.Grammar.from_json_schema(schema_text(schema), any_whitespace=False)
+        return self._compiler.compile_grammar(bounded_ebnf(str(grammar)))
 
 
 class GrammarMask:

@@ -1,8 +1,9 @@
 """The HTTP application: OpenAI's routes on FastAPI, in front of the engine.
 
 Routes: `GET /v1/models` (and `/v1/models/{id}`), `POST /v1/completions`, `POST /v1/chat/completions`,
-`GET /health`, and the playground at `GET /`. Streaming answers are server-sent events in OpenAI's chunk format,
-ending with `data: [DONE]`.
+`POST /v1/embeddings` (OpenAI's body; last-token pooling, gpt2.inference.embedding), vLLM's `POST /tokenize` and
+`POST /detokenize` (gpt2.serve.tokens), `GET /health`, and the playground at `GET /`. Streaming answers are
+server-sent events in OpenAI's chunk format, ending with `data: [DONE]`.
 
 Every error is OpenAI-shaped JSON, `{"error": {"message", "type", "param", "code"}}`: 400 for a bad field or a
 malformed body, 401 without the API key (when one is set), 404 for an unknown model or route, 413 for a body
@@ -30,8 +31,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from gpt2.api import LLM
+from gpt2.inference.embedding import embed
 from gpt2.serve import Engine, EngineError, EngineFailed, EngineStopped, QueueFull, SequenceOutput, SequenceRequest
 from gpt2.serve.chat import ChatMessage
 from gpt2.serve.config import MEGABYTE, ServerConfig
@@ -53,6 +56,7 @@ from gpt2.serve.protocol import (
     reject_constant,
     usage,
 )
+from gpt2.serve.tokens import detokenize, embedding_inputs, embedding_response, tokenize
 from gpt2.tokenizer.chat import encode_chat
 
 logger = logging.getLogger(__name__)
@@ -135,11 +139,34 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
     async def chat_completions(request: Request) -> Response:
         return await service.chat(request)
 
+    _add_token_routes(app, service, authorized)
+
     @app.get("/", response_class=HTMLResponse)
     async def playground() -> HTMLResponse:
         return HTMLResponse(PLAYGROUND_HTML)
 
     return app
+
+
+def _add_token_routes(app: FastAPI, service: _Service, authorized: list[Any]) -> None:
+    """vLLM's /tokenize and /detokenize, OpenAI's /v1/embeddings (gpt2.serve.tokens reads and writes the bodies)."""
+
+    @app.post("/tokenize", dependencies=authorized)
+    async def tokenize_text(request: Request) -> dict[str, Any]:
+        body = await service.read_json(request)
+        return tokenize(body, service.tokenizer, service.engine.block_size)
+
+    @app.post("/detokenize", dependencies=authorized)
+    async def detokenize_tokens(request: Request) -> dict[str, Any]:
+        return detokenize(await service.read_json(request), service.tokenizer)
+
+    @app.post("/v1/embeddings", dependencies=authorized)
+    async def embeddings(request: Request) -> dict[str, Any]:
+        body = await service.read_json(request)
+        inputs = embedding_inputs(body, service.tokenizer, service.engine.block_size)
+        service.check_model(body.get("model"))
+        vectors = await run_in_threadpool(embed, service.llm.model, inputs)
+        return embedding_response(vectors, inputs, service.config.model_name, body.get("encoding_format", "float"))
 
 
 # The engine's errors as HTTP answers, by type (never by message): status, OpenAI error type, code.
@@ -257,9 +284,9 @@ class _Service:
 
     def health(self) -> JSONResponse:
         engine = self.engine
+        # no model name: it may be a filesystem path, and /health answers without the API key
         status = {
             "status": "ok",
-            "model": self.config.model_name,
             "active": engine.active,
             "waiting": engine.waiting,
             "max_batch": engine.max_batch,
@@ -301,10 +328,13 @@ class _Service:
         if declared.isdigit() and int(declared) > limit:
             raise too_large
         body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise too_large
+        try:
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise too_large
+        except ClientDisconnect:  # the client went away mid-body: nobody to answer, nothing to log
+            raise APIError(400, "the client disconnected before sending the whole body") from None
         try:
             return json.loads(bytes(body), parse_constant=reject_constant)
         except APIError:
@@ -313,10 +343,11 @@ class _Service:
             raise bad_request(f"the request body is not valid JSON: {str(err)[:200]}") from err
 
     def encode(self, prompt: str | Sequence[int], param: str) -> list[int]:
-        """A prompt's token ids: a text is encoded (special-token texts stay plain text); an empty prompt is
-        <|endoftext|>, the start of a new document, as in OpenAI's API."""
+        """A prompt's token ids: a text is encoded with special-token texts read as the special tokens
+        ('<|endoftext|>' is id 50256, as vLLM reads it); an empty prompt is <|endoftext|>, the start of a new
+        document, as in OpenAI's API."""
         try:
-            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            ids = self.tokenizer.encode(prompt, allowed_special="all") if isinstance(prompt, str) else list(prompt)
         except ValueError as err:  # e.g. a lone surrogate ("\ud800" is valid JSON but not encodable text)
             raise bad_request(f"the {param} is not valid Unicode text: {err}", param) from err
         ids = ids or [self.tokenizer.eot_token]

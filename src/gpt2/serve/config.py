@@ -52,6 +52,12 @@ class ServerConfig:
     """Prompt tokens prefilled between two decode steps at most (`--prefill-chunk`): a longer prompt is prefilled in
     chunks of this many, so running streams wait for one chunk, not the whole prompt (gpt2.serve.engine)."""
 
+    max_connections: int = 256
+    """Connections open at once at most (uvicorn's limit_concurrency): past it a request gets 503, so clients that
+    open connections and send slowly cannot hold every socket the process has."""
+    keep_alive_seconds: int = 5
+    """An idle keep-alive connection is closed after this many seconds (uvicorn's timeout_keep_alive)."""
+
     def __post_init__(self) -> None:
         if not isinstance(self.model_name, str) or not self.model_name:
             raise ValueError(f"model_name must be a non-empty string, got {self.model_name!r}")
@@ -70,7 +76,8 @@ class ServerConfig:
                 f"prefix_cache_mb must be a whole number of MiB >= 1, got {self.prefix_cache_mb!r} "
                 "(to turn the cache off: --no-prefix-cache)"
             )
-        for name in ("max_batch", "max_queue", "max_body_bytes", "max_prompts", "retry_after_seconds", "prefill_chunk"):
+        for name in ("max_batch", "max_queue", "max_body_bytes", "max_prompts", "retry_after_seconds", "prefill_chunk",
+                     "max_connections", "keep_alive_seconds"):  # fmt: skip
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

@@ -4,18 +4,23 @@ Requests are plain JSON objects read here, not pydantic models, so that every mi
 error (`APIError` -> `{"error": {"message", "type", "param", "code"}}`, status 400) naming the field, and so that
 the sampling fields are checked where they are defined: `SamplingParams` is built from the body and its
 ValueError becomes the 400. Fields the API has and this server lacks (`suffix`, `best_of` other than n, tools)
-are refused; unknown fields are ignored, as clients send extras.
+are refused, and so is any field the server does not know (a 400 naming it, as OpenAI answers an unrecognized
+argument): a request is never answered while part of it was ignored. Structured output comes as OpenAI's
+response_format or under vLLM's names (guided_regex, guided_json, guided_choice, regex, structured_outputs),
+through the same grammar path as SamplingParams' regex / json_schema.
 
 Completions (`/v1/completions`) and chat (`/v1/chat/completions`) share the sampling fields: max_tokens,
 temperature, top_p, top_k (an extension, as in vLLM), n, stop, seed, presence_penalty, frequency_penalty,
 logit_bias, stream, stream_options.include_usage; and, as extra body fields with transformers' names (as vLLM
-accepts them): repetition_penalty, no_repeat_ngram_size, min_tokens, bad_words (texts or lists of token ids).
+accepts them): repetition_penalty, no_repeat_ngram_size, min_tokens, bad_words (texts or lists of token ids);
+min_p as vLLM and llama-server take it.
 All of them are SamplingParams fields, applied by the same logits processors as `LLM.generate`.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -35,10 +40,102 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # seeds are 64-bit, as a torch.Gener
 SAMPLING_FIELDS = (
     "max_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids", "seed", "n", "presence_penalty",
     "frequency_penalty", "logit_bias", "repetition_penalty", "no_repeat_ngram_size", "min_tokens", "bad_words",
-    "num_beams",
+    "num_beams", "min_p",
 )  # fmt: skip
 # Extra body fields (not OpenAI's) read as the SamplingParams fields of the same name.
-EXTRA_SAMPLING_FIELDS = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_tokens": 0, "num_beams": 1}
+EXTRA_SAMPLING_FIELDS = {
+    "repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_tokens": 0, "num_beams": 1, "min_p": 0.0,
+}  # fmt: skip
+
+
+# Every body field the server reads and applies (or refuses with its own message); anything else is a 400 naming it.
+GENERATION_FIELDS = frozenset({
+    "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "best_of", "stop", "stop_token_ids",
+    "seed", "presence_penalty", "frequency_penalty", "logit_bias", "stream", "stream_options", "user",
+    "repetition_penalty", "no_repeat_ngram_size", "min_tokens", "bad_words", "num_beams", "response_format",
+    "regex", "guided_regex", "guided_json", "guided_choice", "structured_outputs",
+})  # fmt: skip
+COMPLETION_FIELDS = GENERATION_FIELDS | {"prompt", "echo", "logprobs", "suffix"}
+CHAT_FIELDS = GENERATION_FIELDS | {
+    "messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "functions", "tool_choice",
+}  # fmt: skip
+BEAM_FIELDS = ("use_beam_search", "length_penalty", "early_stopping")
+# vLLM's names for structured output -> the SamplingParams field they fill (guided_choice becomes a regex)
+STRUCTURED_FIELDS = ("response_format", "regex", "guided_regex", "guided_json", "guided_choice", "structured_outputs")
+
+
+def check_fields(body: dict[str, Any], known: frozenset[str]) -> None:
+    """A 400 naming the first field this server would not apply: beam search's (offline only) or unknown."""
+    for name in BEAM_FIELDS:
+        if name in body:
+            raise bad_request(
+                f"{name}: beam search is offline only in this server (LLM.generate or gpt2 sample --num-beams); "
+                "drop the field",
+                name,
+            )
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise bad_request(
+            f"unknown field {unknown[0]!r}: this server does not apply it; drop it (fields: see the README's server "
+            "section)",
+            unknown[0],
+        )
+
+
+def structured_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """The regex / json_schema a body asks for, under OpenAI's response_format or vLLM's names (guided_regex,
+    guided_json, guided_choice, regex, and the newer structured_outputs object with json, regex, choice,
+    json_object); at most one of them. {} for none."""
+    given = [name for name in STRUCTURED_FIELDS if _get(body, name) is not None]
+    if len(given) > 1:
+        raise bad_request(f"pass one of {', '.join(given)}, not several", given[1])
+    if not given:
+        return {}
+    name = given[0]
+    if name == "response_format":
+        schema = _response_schema(body)
+        return {} if schema is None else {"json_schema": schema}
+    if name == "structured_outputs":
+        return _structured_outputs(body[name])
+    kind = {"regex": "regex", "guided_regex": "regex", "guided_json": "json", "guided_choice": "choice"}[name]
+    return _structured_value(kind, body[name], name)
+
+
+def _structured_outputs(options: Any) -> dict[str, Any]:
+    """vLLM's structured_outputs object: exactly one of json, regex, choice, json_object: true."""
+    if not isinstance(options, dict):
+        raise bad_request(f"structured_outputs must be an object, got {_describe(options)}", "structured_outputs")
+    for name in options:
+        if name not in ("json", "regex", "choice", "json_object"):
+            raise bad_request(
+                f"structured_outputs.{name} is not supported; use json, regex, choice or json_object",
+                f"structured_outputs.{name}",
+            )
+    given = [name for name, value in options.items() if value is not None and value is not False]
+    if len(given) != 1:
+        raise bad_request(
+            "structured_outputs takes exactly one of json, regex, choice, json_object", "structured_outputs"
+        )
+    kind = given[0]
+    if kind == "json_object":
+        return {"json_schema": dict(JSON_OBJECT)}
+    return _structured_value(kind, options[kind], f"structured_outputs.{kind}")
+
+
+def _structured_value(kind: str, value: Any, param: str) -> dict[str, Any]:
+    if kind == "json":
+        if not isinstance(value, (dict, str)):
+            raise bad_request(
+                f"{param} must be a JSON schema (an object or its JSON text), got {_describe(value)}", param
+            )
+        return {"json_schema": value}
+    if kind == "regex":
+        if not isinstance(value, str) or not value:
+            raise bad_request(f"{param} must be a non-empty string, got {_describe(value)}", param)
+        return {"regex": value}
+    if not isinstance(value, list) or not value or not all(isinstance(item, str) and item for item in value):
+        raise bad_request(f"{param} must be a list of non-empty strings, got {_describe(value)}", param)
+    return {"regex": "|".join(f"({re.escape(item)})" for item in value)}  # one of the choices, as vLLM builds it
 
 
 class APIError(Exception):
@@ -98,6 +195,7 @@ class ChatRequest(GenerationRequest):
 def parse_completion_request(body: Any, *, max_prompts: int) -> CompletionRequest:
     """A /v1/completions body -> CompletionRequest; APIError (400) naming the field otherwise."""
     body = _object(body)
+    check_fields(body, COMPLETION_FIELDS)
     if _get(body, "suffix") is not None:
         raise bad_request("suffix is not supported by this model", "suffix")
     logprobs = _get(body, "logprobs")
@@ -120,6 +218,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
     max_tokens (or max_completion_tokens) defaults to the rest of the context. logprobs is a boolean here,
     top_logprobs the number of alternatives."""
     body = _object(body)
+    check_fields(body, CHAT_FIELDS)
     for unsupported in ("tools", "functions", "tool_choice"):
         if _get(body, unsupported) is not None:
             raise bad_request(f"{unsupported} is not supported by this model", unsupported)
@@ -190,12 +289,12 @@ def _generation_fields(body: dict[str, Any], *, default_max_tokens: int | None) 
         )
     except ValueError as err:
         raise bad_request(str(err), field_named(str(err))) from err
-    schema = _response_schema(body)
-    if schema is not None:
+    structured = structured_fields(body)
+    if structured:
         try:
-            params = params.replace(json_schema=schema)
-        except ValueError as err:  # an invalid schema: the grammar library's reason
-            raise bad_request(str(err), "response_format") from err
+            params = params.replace(**structured)
+        except ValueError as err:  # an invalid schema or regex: the grammar library's reason
+            raise bad_request(str(err), next(n for n in STRUCTURED_FIELDS if _get(body, n) is not None)) from err
     return dict(model=model, params=params, stream=stream, include_usage=include_usage)
 
 

@@ -50,6 +50,8 @@ def uvicorn_server(llm: LLM, config: ServerConfig, *, log_level: str = "info") -
         log_level=log_level,
         timeout_graceful_shutdown=config.drain_seconds,  # then the requests still running are cancelled
         access_log=log_level == "debug",
+        limit_concurrency=config.max_connections,  # slow clients cannot hold every socket (ServerConfig)
+        timeout_keep_alive=config.keep_alive_seconds,
     )
     return uvicorn.Server(settings)
 

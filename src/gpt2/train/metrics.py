@@ -3,14 +3,15 @@ model FLOPs utilization (MFU) figures behind it."""
 
 from __future__ import annotations
 
+import io
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from gpt2.config import GPTConfig
+from gpt2.runtime.files import atomic_write_bytes, atomic_write_text
 
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "loss.png"
@@ -55,7 +56,7 @@ class Metrics:
                 if record["step"] <= resume_step:  # an evaluation at resume_step ran before its checkpoint
                     self.records.append(record)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in self.records))
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
@@ -90,9 +91,9 @@ def write_loss_plot(records: list[dict[str, Any]], path: Path) -> None:
     axes.grid(alpha=0.3)
     axes.legend()
     figure.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp")
-    figure.savefig(tmp, format="png")
-    os.replace(tmp, path)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    atomic_write_bytes(path, buffer.getvalue())
 
 
 def flops_per_token(config: GPTConfig) -> float:
