@@ -1,0 +1,222 @@
+"""Many LoRA adapters on one base model (gpt2.inference.adapters, gpt2.inference.lora_batch, LLM's adapters):
+prompts with different adapters decode in one batch, each as the merged fine-tune and as transformers + PEFT
+decode it; an adapter costs its own size; adapters that do not fit the base are refused at load."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from gpt2.api import LLM
+from gpt2.finetune.lora import LoRAConfig, LoRALinear, add_lora, save_adapter
+from gpt2.inference.adapters import read_lora_adapter
+from gpt2.inference.generation import generate, left_pad
+from gpt2.inference.lora_batch import AdaptedLinear, DuplicateAdapterError, UnknownAdapterError
+from gpt2.inference.sampling import SamplingParams
+from gpt2.weights import load_model
+
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+PROMPTS = ["The quick brown fox", "Once upon a time", "To be, or not", "A"]
+ADAPTER_OF_PROMPT = ["style", None, "terse", "style"]
+GREEDY = SamplingParams(max_tokens=12, temperature=0)
+PEFT_ADAPTERS = {  # name -> (rank, targets, seed)
+    "style": (4, ["c_attn", "c_fc"], 2),
+    "terse": (2, ["c_attn", "c_proj"], 3),
+}
+
+
+def tokenizer_files(directory: Path, gpt2_bpe_dir: Path) -> None:
+    for name in ("encoder.json", "vocab.bpe"):
+        shutil.copy(gpt2_bpe_dir / name, directory / name)
+
+
+@pytest.fixture
+def base(tmp_path: Path, gpt2_bpe_dir: Path) -> Path:
+    """A tiny random GPT-2 made and saved by transformers, with GPT-2's tokenizer beside it."""
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=50257, n_positions=64, n_embd=64, n_layer=2, n_head=2)
+    directory = tmp_path / "base"
+    transformers.GPT2LMHeadModel(config).save_pretrained(directory)
+    tokenizer_files(directory, gpt2_bpe_dir)
+    return directory
+
+
+def peft_adapter(base: Path, directory: Path, rank: int, targets: list[str], seed: int) -> Path:
+    """An adapter made and saved by PEFT, with random B (init_lora_weights=False) so it changes the text."""
+    model = transformers.GPT2LMHeadModel.from_pretrained(base)
+    config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, fan_in_fan_out=True,
+                             init_lora_weights=False, task_type="CAUSAL_LM")  # fmt: skip
+    torch.manual_seed(seed)
+    peft.get_peft_model(model, config).save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture
+def adapters(base: Path, tmp_path: Path) -> dict[str, Path]:
+    return {name: peft_adapter(base, tmp_path / name, *spec) for name, spec in PEFT_ADAPTERS.items()}
+
+
+def merged_copy(base: Path, adapter: Path, directory: Path, gpt2_bpe_dir: Path) -> Path:
+    """The base with the adapter merged in by PEFT, saved as a plain model: the one-fine-tune-one-model way."""
+    model = peft.PeftModel.from_pretrained(transformers.GPT2LMHeadModel.from_pretrained(base), adapter)
+    model.merge_and_unload().save_pretrained(directory)
+    tokenizer_files(directory, gpt2_bpe_dir)
+    return directory
+
+
+def peft_greedy_ids(base: Path, adapter: Path | None, prompt_ids: list[int], steps: int) -> list[int]:
+    model = transformers.GPT2LMHeadModel.from_pretrained(base)
+    if adapter is not None:
+        model = peft.PeftModel.from_pretrained(model, adapter)
+    with torch.no_grad():
+        out = model.eval().generate(torch.tensor([prompt_ids]), max_new_tokens=steps, min_new_tokens=steps,
+                                    do_sample=False, pad_token_id=0)  # fmt: skip
+    return out[0, len(prompt_ids) :].tolist()
+
+
+def test_one_mixed_batch_decodes_each_prompt_as_its_merged_fine_tune_and_peft(
+    base: Path, adapters: dict[str, Path], tmp_path: Path, gpt2_bpe_dir: Path
+) -> None:
+    llm = LLM.load(base, device="cpu", precision="float32", adapters=adapters)
+    texts = llm.generate(PROMPTS, GREEDY, adapter=ADAPTER_OF_PROMPT)
+    merged = {
+        name: LLM.load(merged_copy(base, path, tmp_path / f"merged-{name}", gpt2_bpe_dir), precision="float32")
+        for name, path in adapters.items()
+    }
+    plain = LLM.load(base, device="cpu", precision="float32")
+    for prompt, name, text in zip(PROMPTS, ADAPTER_OF_PROMPT, texts, strict=True):
+        alone = (plain if name is None else merged[name]).generate(prompt, GREEDY)
+        assert text == alone, (prompt, name)
+    # the adapters change the text: the comparison above is not between copies of the base's output
+    assert llm.generate(PROMPTS, GREEDY) != texts
+
+
+def test_mixed_batch_tokens_equal_transformers_with_peft_token_for_token(
+    base: Path, adapters: dict[str, Path]
+) -> None:
+    llm = LLM.load(base, device="cpu", precision="float32", adapters=adapters)
+    prompt_ids = [llm.tokenizer.encode(prompt) for prompt in PROMPTS]
+    idx, mask = left_pad(prompt_ids, pad_token_id=0)
+    rows = llm.adapters.resolve(ADAPTER_OF_PROMPT, len(PROMPTS))
+    with llm.adapters.routed(rows) as model:
+        ours = generate(model, idx, 12, temperature=0, attention_mask=mask)[:, idx.size(1) :].tolist()
+    for ids, name, tokens in zip(prompt_ids, ADAPTER_OF_PROMPT, ours, strict=True):
+        theirs = peft_greedy_ids(base, None if name is None else adapters[name], ids, 12)
+        assert tokens == theirs, name
+
+
+def test_a_lone_prompt_and_its_samples_take_the_named_adapter(base: Path, adapters: dict[str, Path]) -> None:
+    llm = LLM.load(base, device="cpu", precision="float32", adapters=adapters)
+    batch = llm.generate(PROMPTS, GREEDY, adapter="terse")
+    alone = [llm.generate(prompt, GREEDY, adapter="terse")[0] for prompt in PROMPTS]
+    assert [texts[0] for texts in batch] == alone
+    streamed = "".join(llm.stream(PROMPTS[0], GREEDY, adapter="terse"))
+    assert streamed == alone[0]
+    sampled = SamplingParams(max_tokens=8, temperature=0.8, seed=5, n=2)
+    mixed = llm.generate(PROMPTS[:2], sampled, adapter=["terse", "style"])
+    assert mixed[0] == llm.generate(PROMPTS[:1], sampled, adapter="terse")[0]
+
+
+def test_the_mixed_batch_adds_the_low_rank_update_to_the_float32_path_without_the_native_decoder(
+    base: Path, adapters: dict[str, Path]
+) -> None:
+    llm = LLM.load(base, device="cpu", precision="float32", adapters=adapters)
+    rows = llm.adapters.resolve(ADAPTER_OF_PROMPT, len(PROMPTS))
+    with llm.adapters.routed(rows) as model:
+        adapted = [module for module in model.modules() if isinstance(module, AdaptedLinear)]
+        assert len(adapted) == 4 * 2  # c_attn, attn.c_proj, c_fc, mlp.c_proj in both blocks
+        assert all(type(module.base) is type(llm.model.lm_head) for module in adapted)  # the base's own layers
+    assert not any(isinstance(module, AdaptedLinear) for module in llm.model.modules())  # the base is untouched
+
+
+def test_an_adapter_costs_its_own_size_not_a_model_copy(base: Path, adapters: dict[str, Path]) -> None:
+    llm = LLM.load(base, device="cpu", precision="float32")
+    before = {id(parameter): parameter.data_ptr() for parameter in llm.model.parameters()}
+    for name, path in adapters.items():
+        adapter = llm.adapters.add(name, path)
+        stored = load_file(str(path / "adapter_model.safetensors"))
+        assert adapter.nbytes == sum(tensor.numel() * 4 for tensor in stored.values())  # float32, as stored
+    model = llm.adapters.model_for(llm.adapters.get("style"))
+    assert {id(parameter): parameter.data_ptr() for parameter in model.parameters()} == before  # shared weights
+    assert sum(tensor.numel() for tensor in model.state_dict().values()) == sum(
+        tensor.numel() for tensor in llm.model.state_dict().values()
+    )
+
+
+def test_a_gpt2_finetune_output_folder_is_an_adapter(base: Path, tmp_path: Path) -> None:
+    model = add_lora(load_model(base), LoRAConfig(rank=2, target_modules=("c_fc",)))
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, LoRALinear):
+                module.lora_B.normal_(std=0.5)
+    save_adapter(model, LoRAConfig(rank=2, target_modules=("c_fc",)), tmp_path / "run" / "adapter")
+    llm = LLM.load(base, device="cpu", precision="float32", adapters={"run": tmp_path / "run"})
+    assert llm.adapters.get("run").source == tmp_path / "run" / "adapter"
+    ids = torch.tensor([llm.tokenizer.encode(PROMPTS[0])])
+    with torch.no_grad():
+        expected = model.eval()(ids).logits
+        got = llm.adapters.model_for(llm.adapters.get("run"))(ids).logits
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------ bad input
+def test_an_unknown_adapter_name_is_refused_naming_the_loaded_ones(base: Path, adapters: dict[str, Path]) -> None:
+    llm = LLM.load(base, device="cpu", adapters=adapters)
+    with pytest.raises(UnknownAdapterError, match="no adapter named 'nope' is loaded \\(loaded: 'style', 'terse'\\)"):
+        llm.generate(PROMPTS, GREEDY, adapter=["style", "nope", None, None])
+
+
+def test_the_same_name_twice_is_refused(base: Path, adapters: dict[str, Path]) -> None:
+    llm = LLM.load(base, device="cpu", adapters=adapters)
+    with pytest.raises(DuplicateAdapterError, match="'style' is already loaded"):
+        llm.adapters.add("style", adapters["terse"])
+
+
+def test_an_adapter_for_another_base_width_is_refused_at_load(base: Path, tmp_path: Path) -> None:
+    config = transformers.GPT2Config(vocab_size=50257, n_positions=64, n_embd=32, n_layer=2, n_head=2)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "narrow")
+    other = peft_adapter(tmp_path / "narrow", tmp_path / "narrow-adapter", 2, ["c_attn"], 0)
+    with pytest.raises(ValueError, match="lora_A \\(2, 32\\).*needs \\(2, 64\\).*another base model"):
+        LLM.load(base, device="cpu", adapters={"narrow": other})
+
+
+def test_an_adapter_for_a_deeper_base_is_refused_at_load(base: Path, tmp_path: Path) -> None:
+    config = transformers.GPT2Config(vocab_size=50257, n_positions=64, n_embd=64, n_layer=3, n_head=2)
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "deep")
+    other = peft_adapter(tmp_path / "deep", tmp_path / "deep-adapter", 2, ["c_attn"], 0)
+    with pytest.raises(ValueError, match="transformer.h.2.attn.c_attn.* is for no layer this base model adapts"):
+        LLM.load(base, device="cpu", adapters={"deep": other})
+
+
+def test_a_rank_other_than_the_config_says_is_refused(base: Path, adapters: dict[str, Path], tmp_path: Path) -> None:
+    folder = tmp_path / "lying"
+    shutil.copytree(adapters["terse"], folder)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    (folder / "adapter_config.json").write_text(json.dumps({**config, "r": 3}))
+    with pytest.raises(ValueError, match="with rank 3 needs"):
+        LLM.load(base, device="cpu", adapters={"lying": folder})
+
+
+def test_a_target_module_the_base_lacks_is_refused(base: Path, adapters: dict[str, Path], tmp_path: Path) -> None:
+    folder = tmp_path / "qproj"
+    shutil.copytree(adapters["terse"], folder)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    (folder / "adapter_config.json").write_text(json.dumps({**config, "target_modules": ["q_proj", "v_proj"]}))
+    with pytest.raises(ValueError, match="target_modules \\['q_proj', 'v_proj'\\] must be some of"):
+        LLM.load(base, device="cpu", adapters={"qproj": folder})
+
+
+def test_missing_tensors_are_refused(base: Path, adapters: dict[str, Path], tmp_path: Path) -> None:
+    folder = tmp_path / "half"
+    shutil.copytree(adapters["terse"], folder)
+    tensors = load_file(str(folder / "adapter_model.safetensors"))
+    save_file({key: value for key, value in tensors.items() if ".h.1." not in key}, folder / "adapter_model.safetensors")
+    with pytest.raises(ValueError, match="lacks lora_A or lora_B of transformer.h.1"):
+        read_lora_adapter(folder, load_model(base).config, "half")
