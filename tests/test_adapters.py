@@ -220,3 +220,24 @@ def test_missing_tensors_are_refused(base: Path, adapters: dict[str, Path], tmp_
     save_file({key: value for key, value in tensors.items() if ".h.1." not in key}, folder / "adapter_model.safetensors")
     with pytest.raises(ValueError, match="lacks lora_A or lora_B of transformer.h.1"):
         read_lora_adapter(folder, load_model(base).config, "half")
+
+
+# ------------------------------------------------------------------------------------------ command line
+def test_gpt2_sample_decodes_with_an_adapter(base: Path, adapters: dict[str, Path], capsys) -> None:
+    from gpt2.cli import main
+
+    args = ["sample", "--model", str(base), "--prompt", PROMPTS[0], "--temperature", "0", "--max-new-tokens", "12"]
+    assert main([*args, "--no-echo", "--device", "cpu", "--adapter", f"style={adapters['style']}"]) == 0
+    expected = LLM.load(base, device="cpu", precision="float32", adapters=adapters).generate(
+        PROMPTS[0], GREEDY, adapter="style"
+    )
+    assert capsys.readouterr().out == expected[0] + "\n"
+
+
+def test_gpt2_sample_names_an_adapter_that_does_not_fit_in_one_line(base: Path, tmp_path: Path, capsys) -> None:
+    from gpt2.cli import main
+
+    args = ["sample", "--model", str(base), "--prompt", "x", "--device", "cpu", "--adapter", f"a={tmp_path}"]
+    assert main(args) != 0
+    error = capsys.readouterr().err.strip()
+    assert "adapter_config.json does not exist" in error and len(error.splitlines()) == 1
