@@ -1,24 +1,28 @@
-"""Many LoRA adapters on one base model (gpt2.inference.adapters, gpt2.inference.lora_batch, LLM's adapters):
+"""Many LoRA adapters on one base model (gpt2.weights.adapters, gpt2.inference.lora_batch, LLM's adapters):
 prompts with different adapters decode in one batch, each as the merged fine-tune and as transformers + PEFT
 decode it; an adapter costs its own size; adapters that do not fit the base are refused at load."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from conftest import shared_file
 from gpt2.api import LLM
 from gpt2.finetune.lora import LoRAConfig, LoRALinear, add_lora, save_adapter
-from gpt2.inference.adapters import read_lora_adapter
 from gpt2.inference.generation import generate, left_pad
 from gpt2.inference.lora_batch import AdaptedLinear, DuplicateAdapterError, UnknownAdapterError
 from gpt2.inference.sampling import SamplingParams
 from gpt2.weights import load_model
+from gpt2.weights.adapters import read_lora_adapter
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
@@ -98,9 +102,7 @@ def test_one_mixed_batch_decodes_each_prompt_as_its_merged_fine_tune_and_peft(
     assert llm.generate(PROMPTS, GREEDY) != texts
 
 
-def test_mixed_batch_tokens_equal_transformers_with_peft_token_for_token(
-    base: Path, adapters: dict[str, Path]
-) -> None:
+def test_mixed_batch_tokens_equal_transformers_with_peft_token_for_token(base: Path, adapters: dict[str, Path]) -> None:
     llm = LLM.load(base, device="cpu", precision="float32", adapters=adapters)
     prompt_ids = [llm.tokenizer.encode(prompt) for prompt in PROMPTS]
     idx, mask = left_pad(prompt_ids, pad_token_id=0)
@@ -217,7 +219,8 @@ def test_missing_tensors_are_refused(base: Path, adapters: dict[str, Path], tmp_
     folder = tmp_path / "half"
     shutil.copytree(adapters["terse"], folder)
     tensors = load_file(str(folder / "adapter_model.safetensors"))
-    save_file({key: value for key, value in tensors.items() if ".h.1." not in key}, folder / "adapter_model.safetensors")
+    kept = {key: value for key, value in tensors.items() if ".h.1." not in key}
+    save_file(kept, folder / "adapter_model.safetensors")
     with pytest.raises(ValueError, match="lacks lora_A or lora_B of transformer.h.1"):
         read_lora_adapter(folder, load_model(base).config, "half")
 
@@ -241,3 +244,75 @@ def test_gpt2_sample_names_an_adapter_that_does_not_fit_in_one_line(base: Path, 
     assert main(args) != 0
     error = capsys.readouterr().err.strip()
     assert "adapter_config.json does not exist" in error and len(error.splitlines()) == 1
+
+
+# ------------------------------------------------------------------------------------------ GGUF LoRA
+LLAMA_CPP_BIN = "GPT2_LLAMA_CPP_BIN"  # a llama.cpp build's bin folder (llama-completion or llama-cli): opt-in test
+
+
+@pytest.fixture
+def gguf_base(tmp_path: Path) -> Path:
+    """gguf-tiny's HF model (weights N(0, 0.1): decisive greedy choices), copied so adapters can sit beside it."""
+    directory = tmp_path / "gguf-base"
+    shutil.copytree(shared_file("fixtures/gguf-tiny/hf"), directory)
+    return directory
+
+
+def test_gguf_lora_holds_what_llamacpp_loads(base: Path, adapters: dict[str, Path], tmp_path: Path) -> None:
+    from gpt2.cli import main
+
+    gguf = pytest.importorskip("gguf")
+    out = tmp_path / "style.gguf"
+    args = ["export", "--model", str(base), "--format", "gguf-lora", "--dtype", "f32"]
+    assert main([*args, "--adapter", str(adapters["style"]), "--out", str(out)]) == 0
+    reader = gguf.GGUFReader(out)
+    fields = {name: field.contents() for name, field in reader.fields.items() if not name.startswith("GGUF.")}
+    assert fields["general.architecture"] == "gpt2" and fields["general.type"] == "adapter"
+    assert fields["adapter.type"] == "lora" and fields["general.name"] == "style"
+    assert fields["adapter.lora.alpha"] == 8.0  # PEFT_ADAPTERS' style: rank 4, alpha 8
+    stored = load_file(str(adapters["style"] / "adapter_model.safetensors"))
+    tensors = {tensor.name: tensor for tensor in reader.tensors}
+    assert len(tensors) == len(stored) == 2 * 2 * 2  # A and B of c_attn and c_fc in 2 blocks
+    qkv_a, up_b = tensors["blk.0.attn_qkv.weight.lora_a"], tensors["blk.1.ffn_up.weight.lora_b"]
+    assert list(qkv_a.shape) == [64, 4] and list(up_b.shape) == [4, 256]  # ggml's {in, r}, {r, out}
+    peft_key = "base_model.model.transformer.h.{}.{}.lora_{}.weight"
+    np.testing.assert_array_equal(qkv_a.data, stored[peft_key.format(0, "attn.c_attn", "A")].numpy())
+    np.testing.assert_array_equal(up_b.data, stored[peft_key.format(1, "mlp.c_fc", "B")].numpy())
+
+
+def test_gguf_lora_refuses_an_adapter_for_another_base(adapters: dict[str, Path], gguf_base: Path, tmp_path: Path):
+    from gpt2.export.gguf_lora import export_gguf_lora
+
+    with pytest.raises(ValueError, match="another base model"):
+        export_gguf_lora(load_model(gguf_base).config, adapters["style"], tmp_path / "x.gguf")
+    assert not (tmp_path / "x.gguf").exists()
+
+
+@pytest.mark.skipif(LLAMA_CPP_BIN not in os.environ, reason=f"set {LLAMA_CPP_BIN} to a llama.cpp build's bin folder")
+def test_llamacpp_applies_our_gguf_lora_with_our_greedy_text(gguf_base: Path, tmp_path: Path) -> None:
+    from gpt2.cli import main
+
+    adapter = peft_adapter(gguf_base, tmp_path / "adapter", 4, ["c_attn", "c_proj", "c_fc"], 7)
+    assert main(["export", "--model", str(gguf_base), "--format", "gguf", "--dtype", "f32",
+                 "--out", str(tmp_path / "base.gguf")]) == 0  # fmt: skip
+    assert main(["export", "--model", str(gguf_base), "--format", "gguf-lora", "--dtype", "f32",
+                 "--adapter", str(adapter), "--out", str(tmp_path / "lora.gguf")]) == 0  # fmt: skip
+    prompt, steps = "The quick brown fox", 16
+    llm = LLM.load(gguf_base, device="cpu", precision="float32", adapters={"a": adapter})
+    ours = llm.generate(prompt, SamplingParams(max_tokens=steps, temperature=0), adapter="a")[0]
+    assert ours != llm.generate(prompt, SamplingParams(max_tokens=steps, temperature=0))[0]  # the adapter matters
+    printed = run_llamacpp(Path(os.environ[LLAMA_CPP_BIN]), tmp_path / "base.gguf", tmp_path / "lora.gguf",
+                           prompt, steps)  # fmt: skip
+    assert prompt + ours in printed
+
+
+def run_llamacpp(bin_dir: Path, model: Path, lora: Path, prompt: str, steps: int) -> str:
+    """What llama.cpp prints for a greedy completion of `prompt` by `model` with the adapter `lora` applied."""
+    common = ["-m", str(model), "--lora", str(lora), "-p", prompt, "-n", str(steps), "--temp", "0", "-t", "2"]
+    for program, extra in (("llama-completion", ["-no-cnv"]), ("llama-cli", ["-no-cnv", "--simple-io"])):
+        if (bin_dir / program).exists():
+            command = [str(bin_dir / program), *common, *extra]
+            result = subprocess.run(command, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+            assert result.returncode == 0, result.stderr[-2000:]
+            return result.stdout
+    raise FileNotFoundError(f"neither llama-completion nor llama-cli in {bin_dir}")

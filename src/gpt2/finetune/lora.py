@@ -4,7 +4,7 @@ A wrapped layer computes base(x) + scaling * B(A(dropout(x))) with A: (r, in), B
 (alpha / sqrt(r) with rsLoRA). B starts at zero, so a fresh adapter changes nothing. Only A and B train.
 
 Saved and read in PEFT's format (adapter_config.json + adapter_model.safetensors, HF's module names;
-gpt2.inference.adapters reads them for inference and describes the keys).
+gpt2.weights.adapters reads them for inference and describes the keys).
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ import torch
 import torch.nn as nn
 from safetensors.torch import load_file, save
 
-from gpt2.inference.adapters import (
+from gpt2.model import GPT
+from gpt2.runtime.files import atomic_write_bytes, atomic_write_text
+from gpt2.weights.adapters import (
     ADAPTER_CONFIG_FILE,
     ADAPTER_WEIGHTS_FILE,
     PEFT_PREFIX,
     LoRAConfig,
     read_adapter_config,
 )
-from gpt2.model import GPT
-from gpt2.runtime.files import atomic_write_bytes, atomic_write_text
 
 
 class LoRALinear(nn.Module):

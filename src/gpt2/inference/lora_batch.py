@@ -5,7 +5,7 @@ each adapted layer, the rows of each adapter present are gathered and get their 
 
     y = base(x)                                  # x (B, T, in) -> y (B, T, out), every row
     for adapter, rows in groups:                 # one small product per adapter present
-        y[rows] += (x[rows] A^T) (B scaling)^T   # (b, T, in) -> (b, T, r) -> (b, T, out)
+        y[rows] += scaling * (x[rows] A^T) B^T   # (b, T, in) -> (b, T, r) -> (b, T, out), PEFT's order
 
 No merged copy of the model exists: an adapter costs its own A and B (`LoRAAdapter.nbytes`), nothing more.
 
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 import torch.nn as nn
 
-from gpt2.inference.adapters import TARGETABLE, LoRAAdapter, read_lora_adapter
+from gpt2.weights.adapters import TARGETABLE, LoRAAdapter, read_lora_adapter
 
 if TYPE_CHECKING:
     from gpt2.model import GPT
@@ -90,11 +90,11 @@ class AdaptedLinear(nn.Module):
             weights = adapter.layers.get(self.name)
             if weights is None:
                 continue  # this adapter leaves this layer alone
-            a, b = weights  # (r, in), (out, r) with the scaling folded in
+            a, b = weights  # (r, in), (out, r)
             if rows is None:
-                y = y + ((x.float() @ a.T) @ b.T).to(y.dtype)
+                y = y + ((x.float() @ a.T) @ b.T * adapter.scaling).to(y.dtype)
             else:
-                y = y.index_add(0, rows, ((x[rows].float() @ a.T) @ b.T).to(y.dtype))
+                y = y.index_add(0, rows, ((x[rows].float() @ a.T) @ b.T * adapter.scaling).to(y.dtype))
         return y
 
     def extra_repr(self) -> str:

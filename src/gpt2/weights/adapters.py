@@ -1,5 +1,5 @@
-"""LoRA adapters in PEFT's format, read for inference: the config, and the low-rank weights checked against the
-base model they will run on.
+"""LoRA adapters in PEFT's format: the config, and the low-rank weights read and checked against the base model
+they will run on (for inference, gpt2.inference.lora_batch; for llama.cpp, gpt2.export.gguf_lora).
 
 PEFT's files for GPT2LMHeadModel: adapter_config.json and adapter_model.safetensors with keys such as
 `base_model.model.transformer.h.0.attn.c_attn.lora_A.weight`. HF GPT-2's layers are Conv1D ([in, out] weights,
@@ -114,12 +114,16 @@ def adapted_layer_shapes(config: GPTConfig, targets: tuple[str, ...]) -> dict[st
 @dataclass(frozen=True)
 class LoRAAdapter:
     """One adapter, ready to add to a base model's layers: for each adapted layer (by module name) A (r, in) and
-    B * scaling (out, r), float32. Holds only its own weights; the base model is not copied."""
+    B (out, r), float32, whose update is scaling * (x A^T) B^T. Holds only its own weights, not the base's."""
 
     name: str
     config: LoRAConfig
     layers: dict[str, tuple[torch.Tensor, torch.Tensor]]
     source: Path
+
+    @property
+    def scaling(self) -> float:
+        return self.config.scaling
 
     @property
     def nbytes(self) -> int:
@@ -164,5 +168,5 @@ def read_lora_adapter(directory: str | os.PathLike[str], config: GPTConfig, name
                 f"(n_embd={config.n_embd}) with rank {lora.rank} needs {(lora.rank, in_features)} and "
                 f"{(out_features, lora.rank)}; the adapter was made for another base model or rank"
             )
-        layers[layer] = (a.float().contiguous(), (b.float() * lora.scaling).contiguous())
+        layers[layer] = (a.float().contiguous(), b.float().contiguous())
     return LoRAAdapter(name=name, config=lora, layers=layers, source=folder)
