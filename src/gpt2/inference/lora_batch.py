@@ -27,7 +27,7 @@ import os
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import torch
 import torch.nn as nn
@@ -123,13 +123,16 @@ def adapted_view(model: GPT, routing: AdapterRouting) -> GPT:
     return view
 
 
-def _shell(module: nn.Module) -> nn.Module:
+M = TypeVar("M", bound=nn.Module)
+
+
+def _shell(module: M) -> M:
     """A new module object of the same class sharing `module`'s parameters, buffers and children: only the
     dictionaries that hold them are new, so replacing a child in the shell leaves `module` as it is."""
     shell = copy.copy(module)
-    shell._modules = dict(module._modules)  # type: ignore[assignment]
-    shell._parameters = dict(module._parameters)  # type: ignore[assignment]
-    shell._buffers = dict(module._buffers)  # type: ignore[assignment]
+    shell._modules = dict(module._modules)
+    shell._parameters = dict(module._parameters)
+    shell._buffers = dict(module._buffers)
     return shell
 
 
