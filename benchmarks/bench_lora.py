@@ -90,7 +90,7 @@ def main() -> None:
         mixed = [f"adapter{row % args.adapters}" for row in range(args.prompts)]
         cases = {"base": None, "mixed": mixed, "one adapter": "adapter0"}
         for adapter in cases.values():
-            tokens_per_second(llm, texts[:2], params.replace(max_tokens=4), adapter)  # warm-up
+            tokens_per_second(llm, texts, params.replace(max_tokens=4), adapter)  # warm-up
         results: dict[str, list[float]] = {name: [] for name in cases}
         for _ in range(args.repeats):
             for name, adapter in cases.items():
