@@ -43,15 +43,19 @@ def tokenizer_files(directory: Path, gpt2_bpe_dir: Path) -> None:
         shutil.copy(gpt2_bpe_dir / name, directory / name)
 
 
+def tiny_gpt2(directory: Path, width: int = 64, depth: int = 2) -> Path:
+    """A tiny random GPT-2 made and saved by transformers."""
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=50257, n_positions=64, n_embd=width, n_layer=depth, n_head=2)
+    transformers.GPT2LMHeadModel(config).save_pretrained(directory)
+    return directory
+
+
 @pytest.fixture
 def base(tmp_path: Path, gpt2_bpe_dir: Path) -> Path:
-    """A tiny random GPT-2 made and saved by transformers, with GPT-2's tokenizer beside it."""
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=50257, n_positions=64, n_embd=64, n_layer=2, n_head=2)
-    directory = tmp_path / "base"
-    transformers.GPT2LMHeadModel(config).save_pretrained(directory)
-    tokenizer_files(directory, gpt2_bpe_dir)
-    return directory
+    """tiny_gpt2 with GPT-2's tokenizer beside it."""
+    tokenizer_files(tiny_gpt2(tmp_path / "base"), gpt2_bpe_dir)
+    return tmp_path / "base"
 
 
 def peft_adapter(base: Path, directory: Path, rank: int, targets: list[str], seed: int) -> Path:
@@ -183,36 +187,36 @@ def test_the_same_name_twice_is_refused(base: Path, adapters: dict[str, Path]) -
         llm.adapters.add("style", adapters["terse"])
 
 
-def test_an_adapter_for_another_base_width_is_refused_at_load(base: Path, tmp_path: Path) -> None:
-    config = transformers.GPT2Config(vocab_size=50257, n_positions=64, n_embd=32, n_layer=2, n_head=2)
-    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "narrow")
-    other = peft_adapter(tmp_path / "narrow", tmp_path / "narrow-adapter", 2, ["c_attn"], 0)
-    with pytest.raises(ValueError, match="lora_A \\(2, 32\\).*needs \\(2, 64\\).*another base model"):
-        LLM.load(base, device="cpu", adapters={"narrow": other})
+@pytest.mark.parametrize(
+    ("width", "depth", "message"),
+    [(32, 2, "lora_A \\(2, 32\\).*needs \\(2, 64\\).*another base model"),
+     (64, 3, "transformer.h.2.attn.c_attn.* is for no layer this base model adapts")],
+    ids=["narrower", "deeper"],
+)  # fmt: skip
+def test_an_adapter_for_another_base_shape_is_refused_at_load(
+    base: Path, tmp_path: Path, width: int, depth: int, message: str
+) -> None:
+    other = peft_adapter(tiny_gpt2(tmp_path / "other", width, depth), tmp_path / "other-adapter", 2, ["c_attn"], 0)
+    with pytest.raises(ValueError, match=message):
+        LLM.load(base, device="cpu", adapters={"other": other})
 
 
-def test_an_adapter_for_a_deeper_base_is_refused_at_load(base: Path, tmp_path: Path) -> None:
-    config = transformers.GPT2Config(vocab_size=50257, n_positions=64, n_embd=64, n_layer=3, n_head=2)
-    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "deep")
-    other = peft_adapter(tmp_path / "deep", tmp_path / "deep-adapter", 2, ["c_attn"], 0)
-    with pytest.raises(ValueError, match="transformer.h.2.attn.c_attn.* is for no layer this base model adapts"):
-        LLM.load(base, device="cpu", adapters={"deep": other})
+def edited_copy(adapter: Path, folder: Path, **config_changes: object) -> Path:
+    """A copy of the adapter folder whose adapter_config.json has `config_changes`."""
+    shutil.copytree(adapter, folder)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    (folder / "adapter_config.json").write_text(json.dumps({**config, **config_changes}))
+    return folder
 
 
 def test_a_rank_other_than_the_config_says_is_refused(base: Path, adapters: dict[str, Path], tmp_path: Path) -> None:
-    folder = tmp_path / "lying"
-    shutil.copytree(adapters["terse"], folder)
-    config = json.loads((folder / "adapter_config.json").read_text())
-    (folder / "adapter_config.json").write_text(json.dumps({**config, "r": 3}))
+    folder = edited_copy(adapters["terse"], tmp_path / "lying", r=3)
     with pytest.raises(ValueError, match="with rank 3 needs"):
         LLM.load(base, device="cpu", adapters={"lying": folder})
 
 
 def test_a_target_module_the_base_lacks_is_refused(base: Path, adapters: dict[str, Path], tmp_path: Path) -> None:
-    folder = tmp_path / "qproj"
-    shutil.copytree(adapters["terse"], folder)
-    config = json.loads((folder / "adapter_config.json").read_text())
-    (folder / "adapter_config.json").write_text(json.dumps({**config, "target_modules": ["q_proj", "v_proj"]}))
+    folder = edited_copy(adapters["terse"], tmp_path / "qproj", target_modules=["q_proj", "v_proj"])
     with pytest.raises(ValueError, match="target_modules \\['q_proj', 'v_proj'\\] must be some of"):
         LLM.load(base, device="cpu", adapters={"qproj": folder})
 

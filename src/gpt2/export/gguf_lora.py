@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 
 from gpt2.config import GPTConfig
-from gpt2.runtime.files import atomic_output
+from gpt2.export.llamacpp import write_gguf
 from gpt2.runtime.gguf import gguf_package
 from gpt2.weights.adapters import read_lora_adapter
 from gpt2.weights.gguf import ARCHITECTURE, gguf_tensor_name
@@ -58,11 +58,4 @@ def export_gguf_lora(
         for suffix, tensor in (("lora_a", a), ("lora_b", b)):  # (r, in), (out, r)
             data = gguf.quants.quantize(tensor.numpy(), qtype)
             writer.add_tensor(f"{weight}.{suffix}", data, raw_dtype=qtype)
-    with atomic_output(path) as temporary:
-        try:
-            writer.write_header_to_file(temporary)
-            writer.write_kv_data_to_file()
-            writer.write_tensors_to_file()
-        finally:
-            writer.close()
-    return path
+    return write_gguf(writer, path)
