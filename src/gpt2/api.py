@@ -23,12 +23,12 @@ from typing import overload
 
 import torch
 
+from gpt2.cpu.layouts import prepare_for_inference
 from gpt2.inference.generation import generate_texts, stream_text
-from gpt2.inference.layouts import prepare_for_inference
 from gpt2.inference.lora_batch import AdapterSet
 from gpt2.inference.processors import build_processors
 from gpt2.inference.sampling import SamplingParams
-from gpt2.inference.speculative import Drafter, DraftModel, PromptLookup, speculative_text
+from gpt2.inference.speculative import Drafter, DraftModel, PromptLookup, speculates, speculative_text
 from gpt2.model import GPT
 from gpt2.runtime.device import resolve_device
 from gpt2.runtime.gguf import is_gguf
@@ -112,10 +112,10 @@ class LLM:
     ) -> Iterator[str]:
         """The continuation of `prompt` (text or token ids) as text pieces, while it is generated (`stream_text`).
 
-        With a draft model or prompt_lookup, speculative decoding (`speculative_text`: the same text for greedy,
-        the same distribution for sampling) where params use only the sampler's rules (temperature, top-k,
-        top-p, stops, seed); other rules (penalties, grammars, beams) decode as usual. adapter: the name of a
-        loaded LoRA adapter to decode with (default: the model alone)."""
+        With a draft model or prompt_lookup, speculative decoding (`speculative_text`: the same text) where
+        `speculates(params)` allows it (greedy, no penalties, grammars or beams), as the server's engine decides;
+        the rest decode as usual, so a seeded sampled request gives the same text with or without speculation.
+        adapter: the name of a loaded LoRA adapter to decode with (default: the model alone)."""
         params = params or SamplingParams()
         model = self.adapters.model_for(self.adapters.resolve(adapter, 1)[0])
         drafter = self._drafter(params)
@@ -129,9 +129,8 @@ class LLM:
         if self.draft is None and self.prompt_lookup is None:
             return None
         rules = build_processors(params, prompt_length=0, vocab_size=self.model.config.vocab_size)
-        if rules or params.num_beams > 1 or params.regex is not None or params.json_schema is not None:
-            return None
-        return self.new_drafter()
+        structured = params.regex is not None or params.json_schema is not None
+        return self.new_drafter() if speculates(params, rules=bool(rules) or structured, logprobs=False) else None
 
     def new_drafter(self) -> Drafter | None:
         """A fresh drafter for the speculative decoding this LLM was given (a draft model or prompt lookup), or

@@ -16,7 +16,7 @@ them can decode at once; the mixed view's routing is set per batch (`AdapterSet.
 owns it.
 
 Decode steps of a view run through the model's layers in PyTorch (float32 layers: oneDNN's products), not in the
-native decoder (gpt2.inference.decoder), which runs a whole step in one C++ call with no place for the low-rank
+native decoder (gpt2.cpu.decoder), which runs a whole step in one C++ call with no place for the low-rank
 update; rows without an adapter in a batch of their own keep the native decoder.
 """
 
