@@ -16,8 +16,8 @@ True
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import overload
 
@@ -25,6 +25,7 @@ import torch
 
 from gpt2.cpu.layouts import prepare_for_inference
 from gpt2.inference.generation import generate_texts, stream_text
+from gpt2.inference.lora_batch import AdapterSet
 from gpt2.inference.processors import build_processors
 from gpt2.inference.sampling import SamplingParams
 from gpt2.inference.speculative import Drafter, DraftModel, PromptLookup, speculates, speculative_text
@@ -49,9 +50,12 @@ class LLM:
     """Speculative decoding with this smaller model (same tokenizer) drafting (gpt2.inference.speculative)."""
     prompt_lookup: int | None = None
     """Speculative decoding with n-gram (prompt lookup) drafts of this many tokens."""
+    adapters: AdapterSet = field(init=False)
+    """LoRA adapters on this model, by name (`adapters.add(name, directory)`), chosen per prompt in `generate`."""
 
     def __post_init__(self) -> None:
         check_compatible(self.model, self.tokenizer)
+        self.adapters = AdapterSet(self.model)
         if self.draft is not None and self.prompt_lookup is not None:
             raise ValueError("pass either a draft model or prompt_lookup, not both")
         if self.draft is not None:
@@ -69,6 +73,7 @@ class LLM:
         precision: str | None = None,
         draft: str | os.PathLike[str] | None = None,
         prompt_lookup: int | None = None,
+        adapters: Mapping[str, str | os.PathLike[str]] | None = None,
     ) -> LLM:
         """Load a model (HF directory or Hub name, OpenAI's TF release, llm.c `.bin`) and its tokenizer.
 
@@ -78,6 +83,8 @@ class LLM:
         inference form (see prepare_for_inference; README's "Precisions" table says what each computes).
         draft: a smaller model with the same tokenizer for speculative decoding, loaded like `model`, same
         precision; prompt_lookup: speculative decoding with n-gram drafts of this many tokens instead.
+        adapters: LoRA adapters by name, each a folder in PEFT's format (or a `gpt2 finetune --lora` output
+        folder), checked to fit the model; `generate(..., adapter=NAME)` picks one per prompt.
         """
         resolved = device if isinstance(device, torch.device) else resolve_device(device)
         loaded = load_model(model).to(resolved)  # first: a wrong model path is named as such
@@ -90,22 +97,32 @@ class LLM:
             if precision is not None:
                 prepare_for_inference(drafter, precision)
             _check_draft_tokenizer(draft, text_tokenizer)
-        return cls(loaded, text_tokenizer, resolved, draft=drafter, prompt_lookup=prompt_lookup)
+        llm = cls(loaded, text_tokenizer, resolved, draft=drafter, prompt_lookup=prompt_lookup)
+        for name, directory in (adapters or {}).items():
+            llm.adapters.add(name, directory)
+        return llm
 
     def stream(
-        self, prompt: str | Sequence[int], params: SamplingParams | None = None, **engine_options: object
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        adapter: str | None = None,
+        **engine_options: object,
     ) -> Iterator[str]:
         """The continuation of `prompt` (text or token ids) as text pieces, while it is generated (`stream_text`).
 
         With a draft model or prompt_lookup, speculative decoding (`speculative_text`: the same text) where
         `speculates(params)` allows it (greedy, no penalties, grammars or beams), as the server's engine decides;
-        the rest decode as usual, so a seeded sampled request gives the same text with or without speculation."""
+        the rest decode as usual, so a seeded sampled request gives the same text with or without speculation.
+        adapter: the name of a loaded LoRA adapter to decode with (default: the model alone)."""
         params = params or SamplingParams()
+        model = self.adapters.model_for(self.adapters.resolve(adapter, 1)[0])
         drafter = self._drafter(params)
         if drafter is not None:
             slide_by = engine_options.get("slide_by")
-            return speculative_text(self.model, self.tokenizer, prompt, params, drafter, slide_by=slide_by)  # type: ignore[arg-type]
-        return stream_text(self.model, self.tokenizer, prompt, params, **engine_options)
+            return speculative_text(model, self.tokenizer, prompt, params, drafter, slide_by=slide_by)  # type: ignore[arg-type]
+        return stream_text(model, self.tokenizer, prompt, params, **engine_options)
 
     def _drafter(self, params: SamplingParams) -> Drafter | None:
         """The drafter for speculative decoding of `params`, or None (none configured, or rules it lacks)."""
@@ -123,18 +140,29 @@ class LLM:
         return PromptLookup(num_tokens=self.prompt_lookup) if self.prompt_lookup is not None else None
 
     @overload
-    def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> list[str]: ...
+    def generate(
+        self, prompt: str | Sequence[int], params: SamplingParams | None = None, *, adapter: str | None = None
+    ) -> list[str]: ...
     @overload
     def generate(
-        self, prompt: list[str] | list[list[int]], params: SamplingParams | None = None
+        self,
+        prompt: list[str] | list[list[int]],
+        params: SamplingParams | None = None,
+        *,
+        adapter: str | None | Sequence[str | None] = None,
     ) -> list[list[str]]: ...
 
     def generate(
-        self, prompt: str | Sequence[int] | list[str] | list[list[int]], params: SamplingParams | None = None
+        self,
+        prompt: str | Sequence[int] | list[str] | list[list[int]],
+        params: SamplingParams | None = None,
+        *,
+        adapter: str | None | Sequence[str | None] = None,
     ) -> list[str] | Batch:
         """`params.n` continuations of `prompt` (the i-th with seed + i when seeded); for a list of prompts, a
         list of those, in order, decoded together in one batch (`generate_texts`). num_beams > 1: the n best
-        beams.
+        beams. adapter: a loaded LoRA adapter's name for every prompt, or one name (or None: the model alone)
+        per prompt; prompts with different adapters still decode in one batch (gpt2.inference.lora_batch).
 
         A text prompt is plain text: a special-token text such as '<|endoftext|>' in it is encoded character by
         character (tiktoken's rule). To put the special token in, pass ids, e.g.
@@ -142,10 +170,17 @@ class LLM:
         prompts, as vLLM does)."""
         params = params or SamplingParams()
         if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-            return generate_texts(self.model, self.tokenizer, prompt, params)
+            rows = self.adapters.resolve(adapter, len(prompt))
+            if params.num_beams > 1 and len({id(row) for row in rows}) > 1:
+                raise ValueError("beam search decodes one adapter at a time; group the prompts by adapter")
+            with self.adapters.routed([row for row in rows for _ in range(params.n)]) as model:
+                return generate_texts(model, self.tokenizer, prompt, params)
+        if not (adapter is None or isinstance(adapter, str)):
+            raise ValueError("one prompt takes one adapter name (or None), not a list")
         if params.num_beams > 1:
-            return generate_texts(self.model, self.tokenizer, [prompt], params)[0]  # type: ignore[list-item]
-        return ["".join(self.stream(prompt, params.for_sample(i))) for i in range(params.n)]  # type: ignore[arg-type]
+            model = self.adapters.model_for(self.adapters.resolve(adapter, 1)[0])
+            return generate_texts(model, self.tokenizer, [prompt], params)[0]  # type: ignore[list-item]
+        return ["".join(self.stream(prompt, params.for_sample(i), adapter=adapter)) for i in range(params.n)]  # type: ignore[arg-type]
 
     def save(self, directory: str | os.PathLike[str]) -> Path:
         """The model in HF format with its tokenizer beside it: what `LLM.load` and transformers read."""

@@ -37,9 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from gpt2.api import LLM
     from gpt2.cli.common import sampling_params
+    from gpt2.cpu.layouts import prepare_for_inference
     from gpt2.finetune.chat import ChatSession
     from gpt2.finetune.lora import apply_adapter, find_adapter
-    from gpt2.cpu.layouts import prepare_for_inference
 
     params = sampling_params(args)  # every flag is checked before anything loads
     adapter = find_adapter(args.adapter, args.model) if args.adapter else None

@@ -5,9 +5,11 @@
     gpt2 export --model out/run1 --format llmc --out llmc/run1.bin            # + llmc/gpt2_tokenizer.bin
     gpt2 export --model run1.bin --tokenizer gpt2 --format hf --out run1-hf
     gpt2 export --model gpt2 --format onnx --dtype int8 --out gpt2-onnx      # onnx/model.onnx + model_quantized.onnx
+    gpt2 export --model gpt2 --format gguf-lora --adapter out/poems --out poems.gguf   # llama-cli -m ... --lora
 
-Formats and dtypes (default first): gguf f16|f32|bf16|q8_0|q4_0; llmc f32|bf16; hf f32; onnx f32|int8
-(ONNX Runtime, transformers.js; needs the onnx extra: pip install 'gpt2-faithful[onnx]').
+Formats and dtypes (default first): gguf f16|f32|bf16|q8_0|q4_0; gguf-lora f16|f32; llmc f32|bf16; hf f32; onnx
+f32|int8 (ONNX Runtime, transformers.js; needs the onnx extra: pip install 'gpt2-faithful[onnx]'). --adapter: with
+gguf-lora, the LoRA adapter (PEFT's format) written for the model; with the others, merged into the model first.
 An existing --out (for llmc, also the gpt2_tokenizer.bin beside it) is replaced only with --overwrite.
 """
 
@@ -22,6 +24,7 @@ from gpt2.cli.common import add_model_arguments
 from gpt2.export import FORMATS, export_dtype, export_model
 from gpt2.export.formats import refuse_existing_output
 from gpt2.export.onnx import require_onnx_packages
+from gpt2.finetune.lora import apply_adapter
 from gpt2.runtime.files import disk_errors_named
 
 
@@ -38,6 +41,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--dtype", help="stored precision (default: f16 for gguf, f32 otherwise)")
     parser.add_argument("--name", help="model name recorded in the file (gguf; default: the model's folder name)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    parser.add_argument("--adapter", metavar="DIR", help="a LoRA adapter folder (PEFT's format): see above")
     parser.set_defaults(func=run)
 
 
@@ -49,8 +53,14 @@ def run(args: argparse.Namespace) -> int:
     llm = LLM.load(args.model, tokenizer=args.tokenizer, device="cpu")
     model_path = Path(str(args.model).rstrip("/"))
     name = args.name or (model_path.stem if model_path.is_file() else model_path.name)
+    if args.format == "gguf-lora":
+        name = args.name or (Path(str(args.adapter).rstrip("/")).name if args.adapter else None)
+    elif args.adapter:
+        apply_adapter(llm.model, args.adapter)
     with disk_errors_named(args.out):
-        result = export_model(llm.model, llm.tokenizer, args.format, args.out, dtype=dtype, name=name)
+        result = export_model(
+            llm.model, llm.tokenizer, args.format, args.out, dtype=dtype, name=name, adapter=args.adapter
+        )
     for path in result.paths:
         print(f"wrote {path} ({result.format}, {result.dtype_of(path)}, {_size(path)})")
     return 0

@@ -4,6 +4,7 @@
     echo "Once upon a time" | gpt2 sample --model gpt2 -n 3 --temperature 0.8
     gpt2 sample --model gpt2 --prompt "The city" --repetition-penalty 1.3 --no-repeat-ngram-size 3
     gpt2 sample --model gpt2 --prompt "The city" --temperature 0 --num-beams 4 -n 2
+    gpt2 sample --model gpt2 --adapter poems=out/poems/adapter --prompt "The sea"   # a LoRA adapter (PEFT's format)
 
 The model is a HF-format directory (what `gpt2 train` writes, or `save_pretrained`) or a Hub name. The
 tokenizer is read from the model directory when it holds one (`gpt2 train` saves it there), else from
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
+from pathlib import Path
 from typing import Any
 
 from gpt2.cli.common import (
@@ -43,6 +45,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--slide-by", type=int, help="window shift past the context (default block_size // 4)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the decode step (GPU)")
     add_speculation_arguments(parser)
+    parser.add_argument(
+        "--adapter",
+        metavar="NAME=DIR",
+        type=adapter_spec,
+        help="decode with this LoRA adapter (PEFT's format, or a `gpt2 finetune --lora` output folder) on the model",
+    )
     parser.add_argument("--no-echo", action="store_true", help="print only the continuation, not the prompt")
     add_threads_argument(parser)
     parser.set_defaults(func=run)
@@ -56,16 +64,20 @@ def run(args: argparse.Namespace) -> int:
     if not prompt:
         raise ValueError("the prompt is empty; pass --prompt TEXT or pipe text on stdin")
     llm = load_speculative_llm(args)
+    adapter = None
+    if args.adapter is not None:
+        adapter = args.adapter[0]
+        llm.adapters.add(*args.adapter)
     engine = dict(truncate=args.truncate, slide_by=args.slide_by, compile=args.compile)
     if params.num_beams > 1:  # beams are whole sequences: printed once found, best first
-        beams = llm.generate(prompt, params)
+        beams = llm.generate(prompt, params, adapter=adapter)
         sys.stdout.write(SAMPLE_SEPARATOR.join(("" if args.no_echo else prompt) + beam for beam in beams) + "\n")
         sys.stdout.flush()
         return 0
     for sample in range(params.n):
         if sample:
             sys.stdout.write(SAMPLE_SEPARATOR)
-        pieces = llm.stream(prompt, params.for_sample(sample), **engine)
+        pieces = llm.stream(prompt, params.for_sample(sample), adapter=adapter, **engine)
         first = next(pieces, "")  # a prompt the model refuses (too long, bad ids) fails here, before any echo
         if not args.no_echo:
             sys.stdout.write(prompt)
@@ -75,3 +87,14 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.write("\n")
     sys.stdout.flush()
     return 0
+
+
+def adapter_spec(text: str) -> tuple[str, str]:
+    """NAME=DIR (or DIR alone, named after its folder) -> (name, directory)."""
+    name, separator, directory = text.partition("=")
+    if not separator:
+        directory = text
+        name = Path(text.rstrip("/")).name
+    if not name or not directory:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=DIR (a name, '=', the adapter's folder)")
+    return name, directory

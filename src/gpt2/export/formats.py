@@ -3,6 +3,7 @@
 | format | writes | dtypes (default first) | read by |
 |---|---|---|---|
 | gguf | one `.gguf` file | f16, f32, bf16, q8_0, q4_0 | llama.cpp (`llama-cli -m`), anything built on it |
+| gguf-lora | one `.gguf` file: a LoRA adapter for the model | f16, f32 | llama.cpp (`llama-cli -m BASE --lora`) |
 | llmc | the `.bin` checkpoint + `gpt2_tokenizer.bin` beside it | f32, bf16 | karpathy/llm.c's trainers |
 | hf | a directory: config.json, model.safetensors, tokenizer | f32 | transformers, `gpt2.api.LLM.load` |
 | onnx | a directory: onnx/model.onnx (+ model_quantized.onnx), tokenizer | f32, int8 | ORT, transformers.js |
@@ -14,6 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpt2.export.gguf_lora import GGUF_LORA_DTYPES, export_gguf_lora
 from gpt2.export.hf import HF_DTYPES, export_hf
 from gpt2.export.llamacpp import GGUF_DTYPES, export_gguf
 from gpt2.export.llmc import LLMC_DTYPES, export_llmc
@@ -33,6 +35,7 @@ class ExportFormat:
 
 FORMATS: dict[str, ExportFormat] = {
     "gguf": ExportFormat("gguf", GGUF_DTYPES, "llama.cpp's GGUF file"),
+    "gguf-lora": ExportFormat("gguf-lora", GGUF_LORA_DTYPES, "llama.cpp's GGUF LoRA adapter (of --adapter)"),
     "llmc": ExportFormat("llmc", LLMC_DTYPES, "karpathy/llm.c's checkpoint and tokenizer files"),
     "hf": ExportFormat("hf", HF_DTYPES, "Hugging Face directory (safetensors) with the tokenizer"),
     "onnx": ExportFormat("onnx", ONNX_DTYPES, "ONNX decoder with past key values (ONNX Runtime, transformers.js)"),
@@ -108,12 +111,18 @@ def export_model(
     *,
     dtype: str | None = None,
     name: str | None = None,
+    adapter: str | os.PathLike[str] | None = None,
 ) -> ExportResult:
     """Write `model` with its tokenizer in `format` ('gguf', 'llmc', 'hf' or 'onnx') at `out` (a file for gguf and
     llmc, a directory for hf and onnx). dtype: see `FORMATS` (None: the format's default). name: the model's name
-    where the format records one (GGUF's general.name). Nothing half-written is ever left at `out`."""
+    where the format records one (GGUF's general.name). adapter: for 'gguf-lora', the LoRA adapter's folder (PEFT's
+    format) to write for `model`. Nothing half-written is ever left at `out`."""
     dtype = export_dtype(format, dtype)
-    if format == "gguf":
+    if format == "gguf-lora":
+        if adapter is None:
+            raise ValueError("--format gguf-lora writes a LoRA adapter: pass its folder with --adapter DIR")
+        paths = [export_gguf_lora(model.config, adapter, out, dtype=dtype, name=name)]
+    elif format == "gguf":
         paths = [export_gguf(model, tokenizer, out, dtype=dtype, name=name)]
     elif format == "llmc":
         paths = export_llmc(model, out, dtype=dtype, tokenizer=tokenizer)

@@ -160,6 +160,11 @@ def export_gguf(
         writer.add_eos_token_id(eot)
         writer.add_unk_token_id(eot)
 
+    return write_gguf(writer, path)
+
+
+def write_gguf(writer: Any, path: Path) -> Path:
+    """Write a filled `gguf.GGUFWriter` to `path`, which appears only once complete; returns it."""
     with atomic_output(path) as temporary:
         try:
             writer.write_header_to_file(temporary)

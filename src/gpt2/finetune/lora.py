@@ -3,10 +3,8 @@
 A wrapped layer computes base(x) + scaling * B(A(dropout(x))) with A: (r, in), B: (out, r), scaling = alpha / r
 (alpha / sqrt(r) with rsLoRA). B starts at zero, so a fresh adapter changes nothing. Only A and B train.
 
-PEFT's files for GPT2LMHeadModel: adapter_config.json and adapter_model.safetensors with keys such as
-`base_model.model.transformer.h.0.attn.c_attn.lora_A.weight`. HF GPT-2's layers are Conv1D ([in, out] weights,
-`fan_in_fan_out=True`), but PEFT's lora_A / lora_B are plain Linear layers ([r, in], [out, r]) either way, so
-they are our A and B as they are; our module names are HF's.
+Saved and read in PEFT's format (adapter_config.json + adapter_model.safetensors, HF's module names;
+gpt2.weights.adapters reads them for inference and describes the keys).
 """
 
 from __future__ import annotations
@@ -14,9 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn as nn
@@ -24,40 +20,14 @@ from safetensors.torch import load_file, save
 
 from gpt2.model import GPT
 from gpt2.runtime.files import atomic_write_bytes, atomic_write_text
-
-ADAPTER_CONFIG_FILE = "adapter_config.json"
-ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
-MERGED_ADAPTER_DIR = "adapter"  # where a LoRA fine-tune writes its adapter, beside the merged model
-PEFT_PREFIX = "base_model.model."  # PeftModel -> LoraModel -> the wrapped GPT2LMHeadModel
-TARGETABLE = ("c_attn", "c_proj", "c_fc")
-
-
-@dataclass(frozen=True)
-class LoRAConfig:
-    """Where and how big the adapters are."""
-
-    rank: int = 8
-    alpha: float = 16.0
-    dropout: float = 0.05
-    target_modules: tuple[str, ...] = ("c_attn",)
-    """Layer names adapted, among c_attn (q, k, v), c_proj (attention and MLP output), c_fc (MLP input)."""
-    use_rslora: bool = False
-    """Scale by alpha / sqrt(rank) instead of alpha / rank."""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.target_modules, str):
-            object.__setattr__(self, "target_modules", tuple(t for t in self.target_modules.split(",") if t))
-        if self.rank < 1:
-            raise ValueError(f"lora rank must be a positive integer, got {self.rank}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"lora dropout must be in [0, 1), got {self.dropout}")
-        unknown = [name for name in self.target_modules if name not in TARGETABLE]
-        if unknown or not self.target_modules:
-            raise ValueError(f"lora target_modules {list(self.target_modules)} must be some of {TARGETABLE}")
-
-    @property
-    def scaling(self) -> float:
-        return self.alpha / (math.sqrt(self.rank) if self.use_rslora else self.rank)
+from gpt2.weights.adapters import (
+    ADAPTER_CONFIG_FILE,
+    ADAPTER_SUBDIRECTORY,
+    ADAPTER_WEIGHTS_FILE,
+    PEFT_PREFIX,
+    LoRAConfig,
+    read_adapter_config,
+)
 
 
 class LoRALinear(nn.Module):
@@ -117,16 +87,16 @@ def find_adapter(directory: str | os.PathLike[str], model: str | os.PathLike[str
     (where `gpt2 finetune --lora` writes it, beside the merged model). With `model` (what the adapter will be
     applied to): refused when that is the merged output of this very adapter, which would apply it twice."""
     folder = Path(directory)
-    if not (folder / ADAPTER_CONFIG_FILE).is_file() and (folder / MERGED_ADAPTER_DIR / ADAPTER_CONFIG_FILE).is_file():
-        folder = folder / MERGED_ADAPTER_DIR
+    if not (folder / ADAPTER_CONFIG_FILE).is_file() and (folder / ADAPTER_SUBDIRECTORY / ADAPTER_CONFIG_FILE).is_file():
+        folder = folder / ADAPTER_SUBDIRECTORY
     if model is None:
         return folder
-    beside = Path(model) / MERGED_ADAPTER_DIR / ADAPTER_WEIGHTS_FILE
+    beside = Path(model) / ADAPTER_SUBDIRECTORY / ADAPTER_WEIGHTS_FILE
     mine = folder / ADAPTER_WEIGHTS_FILE
     if beside.is_file() and mine.is_file() and _same_bytes(beside, mine):
         raise ValueError(
             f"{model} already has the adapter {folder} merged into its weights (`gpt2 finetune --lora` writes the "
-            f"merged model and {MERGED_ADAPTER_DIR}/ beside it); drop --adapter, or pass the base model as --model"
+            f"merged model and {ADAPTER_SUBDIRECTORY}/ beside it); drop --adapter, or pass the base model as --model"
         )
     return folder
 
@@ -166,22 +136,6 @@ def save_adapter(model: GPT, config: LoRAConfig, directory: str | os.PathLike[st
     atomic_write_text(out / ADAPTER_CONFIG_FILE, json.dumps(peft_config, indent=2) + "\n")
     atomic_write_bytes(out / ADAPTER_WEIGHTS_FILE, save(lora_state_dict(model), metadata={"format": "pt"}))
     return out
-
-
-def read_adapter_config(directory: str | os.PathLike[str]) -> LoRAConfig:
-    """The LoRAConfig of a PEFT adapter directory (ours or PEFT's)."""
-    path = Path(directory) / ADAPTER_CONFIG_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist; pass a folder saved by PEFT or `gpt2 finetune --lora`")
-    values: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    if values.get("peft_type", "LORA") != "LORA":
-        raise ValueError(f"{path}: peft_type {values.get('peft_type')!r} is not supported; only LORA adapters")
-    targets = values.get("target_modules") or ["c_attn"]
-    if isinstance(targets, str):
-        raise ValueError(f"{path}: target_modules as a pattern ({targets!r}) is not supported; list the names")
-    return LoRAConfig(rank=int(values["r"]), alpha=float(values.get("lora_alpha", 8)),
-                      dropout=float(values.get("lora_dropout", 0.0)), target_modules=tuple(targets),
-                      use_rslora=bool(values.get("use_rslora", False)))  # fmt: skip
 
 
 def load_adapter(model: GPT, directory: str | os.PathLike[str]) -> LoRAConfig:

@@ -31,7 +31,7 @@ import torch
 
 from gpt2.finetune.best import BestWeights
 from gpt2.finetune.config import AUTO, FinetuneConfig, parse_bytes
-from gpt2.finetune.lora import MERGED_ADAPTER_DIR, add_lora, lora_state_dict, merge_lora, save_adapter
+from gpt2.finetune.lora import ADAPTER_SUBDIRECTORY, add_lora, lora_state_dict, merge_lora, save_adapter
 from gpt2.finetune.memory import GIB, MemoryEstimate, auto_batch_size, check_fits, estimate_memory
 from gpt2.finetune.tasks import TASKS, set_dropout
 from gpt2.model import GPT
@@ -45,7 +45,7 @@ from gpt2.train.pretrain import sample_text
 from gpt2.train.tracking import Tracking, require_trackers
 from gpt2.train.trainer import LoopOptions, Placement, Trainer, TrainingData
 
-ADAPTER_DIR = MERGED_ADAPTER_DIR
+ADAPTER_DIR = ADAPTER_SUBDIRECTORY
 SAMPLE_FILE = "sample.txt"
 DEFAULT_BUDGET_FRACTION = 0.9  # of the device's free memory, when memory_budget is not set
 
