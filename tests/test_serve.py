@@ -749,6 +749,7 @@ def test_16_concurrent_clients_each_get_the_answer_they_get_alone(
         (dict(prompt=[]), "prompt"),
         (dict(prompt=[1, "a"]), "prompt"),
         (dict(prompt=[999]), "prompt"),
+        (dict(stop_token_ids=[10**6]), "stop_token_ids"),
         (dict(stream="yes"), "stream"),
         (dict(echo=1), "echo"),
         (dict(suffix="!"), "suffix"),

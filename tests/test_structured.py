@@ -106,9 +106,9 @@ def test_no_grammar_asked_for_is_no_processor(tokenizer: TextTokenizer) -> None:
         ({"regex": "a", "json_schema": {}}, "either regex or json_schema"),
     ],
 )
-def test_invalid_grammars_are_one_line_value_errors(fields: dict, reason: str) -> None:
+def test_invalid_grammars_are_one_line_value_errors(tokenizer: TextTokenizer, fields: dict, reason: str) -> None:
     with pytest.raises(ValueError, match=reason) as caught:
-        SamplingParams(**fields)
+        structured_processor(SamplingParams(**fields), tokenizer)  # malformed: at construction; invalid: compiling
     assert "\n" not in str(caught.value)
 
 

@@ -68,6 +68,14 @@ def register(subparsers: Any) -> None:
         help="prompt tokens prefilled between two decode steps at most; longer prompts go in chunks "
         f"(default {defaults.prefill_chunk})",
     )
+    parser.add_argument(
+        "--grammar-timeout",
+        type=float,
+        default=defaults.grammar_timeout,
+        metavar="S",
+        help="seconds a request's json_schema or regex may take to compile (then 400; other requests run "
+        f"meanwhile; default {defaults.grammar_timeout:g})",
+    )
     add_speculation_arguments(parser)  # used for a request decoding alone (gpt2.serve.engine)
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     parser.set_defaults(func=run)
@@ -86,6 +94,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         prefix_cache=args.prefix_cache,
         prefix_cache_mb=args.prefix_cache_mb,
         prefill_chunk=args.prefill_chunk,
+        grammar_timeout=args.grammar_timeout,
     )
 
 

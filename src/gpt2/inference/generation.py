@@ -41,10 +41,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gpt2.config import is_integer
 from gpt2.cpu.decoder import native_decoder
 from gpt2.inference.beam import beam_search
+from gpt2.inference.checks import check_ids, check_prompt_ids, check_stop_ids
 from gpt2.inference.processors import LogitsProcessor, apply_processors, build_processors, with_end_of_text
-from gpt2.inference.prompt import DecodeOptions, Truncate, check_id_list, check_prompt, prefill, truncated_prompt
+from gpt2.inference.prompt import DecodeOptions, Truncate, check_prompt, prefill, truncated_prompt
 from gpt2.inference.sampling import Generators, SamplingParams, sample_next_token
 from gpt2.inference.structured import structured_processor
 from gpt2.inference.text import TextAssembler
@@ -59,8 +61,10 @@ __all__ = [
     "generate",
     "generate_texts",
     "left_pad",
+    "prompt_ids",
     "stream",
     "stream_text",
+    "text_params",
     "text_pieces",
 ]
 
@@ -116,7 +120,7 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, **options: Any)
     unknown = set(options) - _PARAMS_FIELDS - _OPTION_FIELDS - set(_STREAM_KEYWORDS)
     if unknown:
         raise ValueError(f"unknown generation option(s) {sorted(unknown)}: see SamplingParams and DecodeOptions")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+    if not is_integer(max_new_tokens) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     params = SamplingParams(max_tokens=max_new_tokens, **{k: v for k, v in options.items() if k in _PARAMS_FIELDS})
     decode = DecodeOptions(**{k: v for k, v in options.items() if k in _OPTION_FIELDS})
@@ -166,15 +170,15 @@ def stream(
         raise ValueError("pass either seed or generator, not both (a seed makes a fresh generator)")
     check_prompt(model, idx, attention_mask, options.truncate)
     slide_by = config.block_size // DEFAULT_SLIDE_FRACTION if options.slide_by is None else options.slide_by
-    if isinstance(slide_by, bool) or not isinstance(slide_by, int) or not 0 <= slide_by < config.block_size:
+    if not is_integer(slide_by) or not 0 <= slide_by < config.block_size:
         raise ValueError(f"slide_by must be an integer in [0, block_size={config.block_size}), got {slide_by!r}")
-    stop_ids = check_id_list("stop_token_ids", params.stop_token_ids, config.vocab_size)
-    stop_seqs = [check_id_list("stop_sequences", sequence, config.vocab_size) for sequence in options.stop_sequences]
+    stop_ids = check_stop_ids(params.stop_token_ids, config.vocab_size)
+    stop_seqs = [check_ids("stop_sequences", sequence, config.vocab_size) for sequence in options.stop_sequences]
     stopping = bool(stop_ids or stop_seqs)
     pad_token_id = options.pad_token_id
     if pad_token_id is None:
         pad_token_id = stop_ids[0] if stop_ids else 0
-    check_id_list("pad_token_id", [pad_token_id], config.vocab_size)
+    check_ids("pad_token_id", [pad_token_id], config.vocab_size)
     max_new_tokens = params.max_tokens
     if max_new_tokens == 0:
         return
@@ -289,8 +293,8 @@ def stream_text(
     >>> "".join(pieces) == "".join(stream_text(model, ByteTokenizer(), "Once upon a time", params))
     True
     """
-    ids = _prompt_ids(tokenizer, prompt)
-    params, stop_ids = _text_params(model, tokenizer, params)
+    ids = prompt_ids(model, tokenizer, prompt)
+    params, stop_ids = text_params(model, tokenizer, params)
     device = model.transformer.wte.weight.device
     options = DecodeOptions(vocab_limit=len(tokenizer), **engine_options)
     grammar = structured_processor(params, tokenizer)  # regex / json_schema: a grammar mask, else None
@@ -319,8 +323,8 @@ def generate_texts(
     """
     if isinstance(prompts, str) or len(prompts) == 0:
         raise ValueError("generate_texts needs a list of prompts (texts or token id lists), got " + repr(prompts)[:40])
-    ids = [_prompt_ids(tokenizer, prompt) for prompt in prompts]
-    params, stop_ids = _text_params(model, tokenizer, params)
+    ids = [prompt_ids(model, tokenizer, prompt) for prompt in prompts]
+    params, stop_ids = text_params(model, tokenizer, params)
     device = model.transformer.wte.weight.device
     pad = stop_ids[0] if stop_ids else 0
     options = DecodeOptions(vocab_limit=len(tokenizer), pad_token_id=pad, **engine_options)
@@ -361,16 +365,18 @@ def text_pieces(
         yield rest
 
 
-def _prompt_ids(tokenizer: TextTokenizer, prompt: str | Sequence[int]) -> list[int]:
+def prompt_ids(model: GPT, tokenizer: TextTokenizer, prompt: str | Sequence[int]) -> list[int]:
+    """A text path's prompt as token ids (a text encoded, ids checked: `check_prompt_ids`; any length, as the
+    decoders truncate or refuse a long one themselves)."""
     ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-    if not ids:
-        raise ValueError("the prompt encodes to no tokens; pass some text (or use the end-of-text token as a start)")
-    return ids
+    return check_prompt_ids(ids, model.config.vocab_size)
 
 
-def _text_params(model: GPT, tokenizer: TextTokenizer, params: SamplingParams) -> tuple[SamplingParams, list[int]]:
+def text_params(model: GPT, tokenizer: TextTokenizer, params: SamplingParams) -> tuple[SamplingParams, list[int]]:
     """params as the text paths decode with (end-of-text first among the stop ids, bad-word texts as ids), and
-    those stop ids the model can produce."""
+    those stop ids. The caller's stop ids must be the model's (`check_stop_ids`); end-of-text is added only when
+    the model has it (a model trained on fewer tokens than its tokenizer's)."""
+    check_stop_ids(params.stop_token_ids, model.config.vocab_size)
     params = with_end_of_text(params, tokenizer)
     stop_ids = [token for token in params.stop_token_ids if token < model.config.vocab_size]
     return params.replace(stop_token_ids=tuple(stop_ids)), stop_ids

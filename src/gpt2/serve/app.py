@@ -17,6 +17,7 @@ of the connection; the engine frees their rows at the next step.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import logging
@@ -35,6 +36,7 @@ from gpt2.api import LLM
 from gpt2.serve import Engine, EngineError, EngineFailed, EngineStopped, QueueFull, SequenceOutput, SequenceRequest
 from gpt2.serve.chat import ChatMessage
 from gpt2.serve.config import MEGABYTE, ServerConfig
+from gpt2.serve.grammar import GrammarCompilations
 from gpt2.serve.metrics import ServerMetrics
 from gpt2.serve.playground import PLAYGROUND_HTML
 from gpt2.serve.prefix_cache import PrefixCache
@@ -236,9 +238,19 @@ class _Service:
         self.created = now()
         self.logprobs = LogprobFormatter(llm.tokenizer)
         self.metrics = ServerMetrics(engine)
+        self.grammars = GrammarCompilations(engine.grammar_compiler, config.grammar_timeout)
 
-    def submit(self, requests: Sequence[SequenceRequest]) -> _Submission:
-        """Hand sequences to the engine (an APIError when it refuses them), counted in the metrics."""
+    async def submit(self, requests: Sequence[SequenceRequest]) -> _Submission:
+        """Hand sequences to the engine (an APIError when it refuses them), counted in the metrics. Their grammar,
+        if any (every sequence of a request has the same), is compiled first on a worker thread, within the
+        server's limit (gpt2.serve.grammar): the engine and the other requests go on meanwhile."""
+        params = requests[0].params
+        try:
+            grammar = await self.grammars.compile(params)
+        except ValueError as err:  # invalid, or past the limit
+            raise bad_request(str(err), "response_format") from err
+        if grammar is not None:
+            requests = [dataclasses.replace(request, grammar=grammar) for request in requests]
         return _Submission(self.engine, requests, self.config.retry_after_seconds, self.metrics)
 
     # ------------------------------------------------------------------------------------ plumbing
@@ -363,7 +375,7 @@ class _Service:
         prompts = await run_in_threadpool(lambda: [self.encode(prompt, "prompt") for prompt in parsed.prompts])
         n = parsed.params.n
         scoring = parsed.echo and parsed.logprobs is not None
-        submission = self.submit(self.sequences(parsed, prompts, prompt_logprobs=scoring))
+        submission = await self.submit(self.sequences(parsed, prompts, prompt_logprobs=scoring))
         choices = [SequenceOutput(index) for index in range(len(prompts) * n)]
         prompt_of = [prompts[index // n] for index in range(len(choices))]
         prompt_tokens = sum(len(prompt) for prompt in prompts)
@@ -449,7 +461,7 @@ class _Service:
         self.check_model(parsed.model)
         self.check_choices(parsed.params.n)
         prompt = await run_in_threadpool(self.encode_chat, parsed.messages)
-        submission = self.submit(self.sequences(parsed, [prompt]))
+        submission = await self.submit(self.sequences(parsed, [prompt]))
         choices = [SequenceOutput(index) for index in range(parsed.params.n)]
         response_id, created = new_id("chatcmpl"), now()
         if parsed.stream:
