@@ -1035,6 +1035,17 @@ def test_gpt2_serve_refuses_bad_settings_in_one_line_before_loading(capsys: pyte
     )
 
 
+def test_gpt2_serve_takes_a_grammar_timeout_and_refuses_a_bad_one() -> None:
+    from gpt2.cli.serve import server_config
+
+    assert (
+        server_config(serve_parser().parse_args(["serve", "--model", "m", "--grammar-timeout", "2.5"])).grammar_timeout
+        == 2.5
+    )
+    with pytest.raises(ValueError, match="grammar_timeout must be a number of seconds > 0, got 0.0"):
+        server_config(serve_parser().parse_args(["serve", "--model", "m", "--grammar-timeout", "0"]))
+
+
 # ------------------------------------------------------------------------------------ playground
 def test_the_playground_is_one_self_contained_page(base_url: str) -> None:
     response = httpx.get(base_url, timeout=WAIT_SECONDS)

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gpt2.config import is_integer
-from gpt2.cpu.decoder import native_decoder
+from gpt2.cpu.decoder import NativeDecoder, native_decoder
 from gpt2.inference.beam import beam_search
 from gpt2.inference.checks import check_ids, check_prompt_ids, check_stop_ids
 from gpt2.inference.processors import LogitsProcessor, apply_processors, build_processors, with_end_of_text
@@ -164,21 +164,8 @@ def stream(
     """
     config = model.config
     options = options or DecodeOptions()
-    if params.num_beams > 1:
-        raise ValueError("num_beams > 1 is beam search, which returns whole beams: call generate or beam_search")
-    if params.seed is not None and generator is not None:
-        raise ValueError("pass either seed or generator, not both (a seed makes a fresh generator)")
     check_prompt(model, idx, attention_mask, options.truncate)
-    slide_by = config.block_size // DEFAULT_SLIDE_FRACTION if options.slide_by is None else options.slide_by
-    if not is_integer(slide_by) or not 0 <= slide_by < config.block_size:
-        raise ValueError(f"slide_by must be an integer in [0, block_size={config.block_size}), got {slide_by!r}")
-    stop_ids = check_stop_ids(params.stop_token_ids, config.vocab_size)
-    stop_seqs = [check_ids("stop_sequences", sequence, config.vocab_size) for sequence in options.stop_sequences]
-    stopping = bool(stop_ids or stop_seqs)
-    pad_token_id = options.pad_token_id
-    if pad_token_id is None:
-        pad_token_id = stop_ids[0] if stop_ids else 0
-    check_ids("pad_token_id", [pad_token_id], config.vocab_size)
+    slide_by, stop_settings = _check_stream(model, params, generator, options)
     max_new_tokens = params.max_tokens
     if max_new_tokens == 0:
         return
@@ -186,11 +173,7 @@ def stream(
     device = model.transformer.wte.weight.device
     if params.seed is not None:
         generator = torch.Generator(device=device).manual_seed(params.seed)
-    idx = truncated_prompt(model, idx, options.truncate).to(device)
-    if attention_mask is not None:
-        attention_mask = attention_mask[:, -idx.size(1) :].to(device)
-        if bool(attention_mask.all()):
-            attention_mask = None  # no padding: the plain causal fast path, no mask built per step
+    idx, attention_mask = _prompt_on(device, model, idx, attention_mask, options.truncate)
     B, T = idx.shape
     padding = (1 - attention_mask).sum(dim=1) if attention_mask is not None else None  # (B,) pad columns
     rules = build_processors(
@@ -205,22 +188,10 @@ def stream(
     if attention_mask is not None:
         mask = torch.ones(B, T + max_new_tokens, dtype=torch.long, device=device)  # generated tokens are real
         mask[:, :T] = attention_mask
-    stop_ids_tensor = torch.tensor(stop_ids, dtype=torch.long, device=device)
-    stop_seq_tensors = [torch.tensor(sequence, dtype=torch.long, device=device) for sequence in stop_seqs]
-    finished = torch.zeros(B, dtype=torch.bool, device=device)
+    stops = _Stops(*stop_settings, B=B, device=device)
 
     cache = model.new_kv_cache(B, max_len=min(config.block_size, T + max_new_tokens))
-    decode_step: Callable[..., Any] = model.forward
-    if options.compile:
-        decode_step = torch.compile(model.forward, dynamic=True)
-    decoder = native_decoder(model) if options.native is not False and not options.compile else None
-    if options.native and decoder is None:
-        raise ValueError(
-            "native decoding cannot run this model (it needs a CPU model in eval mode with float32/bfloat16 "
-            "nn.Linear or NativeLinear layers, and the native kernels built); pass native=None or False"
-        )
-    if options.native is None and decoder is not None and not decoder.takes(B):
-        decoder = None  # this many rows step faster through the model (FLOAT32_MAX_ROWS)
+    decode_step, decoder = _decode_steps(model, options, B)
 
     # prefill: the whole prompt (at most block_size columns) in one pass
     logits = prefill(model, tokens, mask, start=0, end=T, cache=cache)
@@ -233,17 +204,12 @@ def stream(
         next_token = sample_next_token(
             logits, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, generator=generator
         )
-        if stopping:
-            next_token = next_token.masked_fill(finished, pad_token_id)
+        next_token = stops.padded(next_token)
         tokens[:, n] = next_token
         n += 1
-        if stopping:
-            finished |= torch.isin(next_token, stop_ids_tensor)
-            for sequence in stop_seq_tensors:
-                if n >= len(sequence):
-                    finished |= (tokens[:, n - len(sequence) : n] == sequence).all(dim=1)
+        stops.update(tokens, n)
         yield next_token
-        if step == max_new_tokens - 1 or (stopping and bool(finished.all())):
+        if step == max_new_tokens - 1 or stops.all_finished():
             return
         if cache.length == cache.max_len:
             # Full window: re-prefill the last W columns at positions [0, W) (module docstring).
@@ -264,6 +230,84 @@ def stream(
             ).logits[:, -1]
         if positions is not None:
             positions = positions + 1
+
+
+def _check_stream(
+    model: GPT, params: SamplingParams, generator: Generators, options: DecodeOptions
+) -> tuple[int, tuple[list[int], list[list[int]], int]]:
+    """stream's settings checked: the window's slide, and the stops (stop ids, stop sequences, the pad id)."""
+    config = model.config
+    if params.num_beams > 1:
+        raise ValueError("num_beams > 1 is beam search, which returns whole beams: call generate or beam_search")
+    if params.seed is not None and generator is not None:
+        raise ValueError("pass either seed or generator, not both (a seed makes a fresh generator)")
+    slide_by = config.block_size // DEFAULT_SLIDE_FRACTION if options.slide_by is None else options.slide_by
+    if not is_integer(slide_by) or not 0 <= slide_by < config.block_size:
+        raise ValueError(f"slide_by must be an integer in [0, block_size={config.block_size}), got {slide_by!r}")
+    stop_ids = check_stop_ids(params.stop_token_ids, config.vocab_size)
+    stop_seqs = [check_ids("stop_sequences", sequence, config.vocab_size) for sequence in options.stop_sequences]
+    pad_token_id = options.pad_token_id
+    if pad_token_id is None:
+        pad_token_id = stop_ids[0] if stop_ids else 0
+    check_ids("pad_token_id", [pad_token_id], config.vocab_size)
+    return slide_by, (stop_ids, stop_seqs, pad_token_id)
+
+
+def _decode_steps(model: GPT, options: DecodeOptions, B: int) -> tuple[Callable[..., Any], NativeDecoder | None]:
+    """The one-token decode step through the model (compiled when asked), and the native decoder where it runs
+    the model's B rows (options.native: None where it can and is faster, True required, False never)."""
+    decode_step: Callable[..., Any] = model.forward
+    if options.compile:
+        decode_step = torch.compile(model.forward, dynamic=True)
+    decoder = native_decoder(model) if options.native is not False and not options.compile else None
+    if options.native and decoder is None:
+        raise ValueError(
+            "native decoding cannot run this model (it needs a CPU model in eval mode with float32/bfloat16 "
+            "nn.Linear or NativeLinear layers, and the native kernels built); pass native=None or False"
+        )
+    if options.native is None and decoder is not None and not decoder.takes(B):
+        decoder = None  # this many rows step faster through the model (FLOAT32_MAX_ROWS)
+    return decode_step, decoder
+
+
+def _prompt_on(
+    device: torch.device, model: GPT, idx: torch.Tensor, attention_mask: torch.Tensor | None, truncate: Truncate
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The (checked) prompt (B, T) on `device`, truncated as asked, and its mask (None when nothing is padding)."""
+    idx = truncated_prompt(model, idx, truncate).to(device)
+    if attention_mask is not None:
+        attention_mask = attention_mask[:, -idx.size(1) :].to(device)
+        if bool(attention_mask.all()):
+            attention_mask = None  # no padding: the plain causal fast path, no mask built per step
+    return idx, attention_mask
+
+
+class _Stops:
+    """Which rows of a batch have stopped (after a stop id, or the last token of a stop sequence); a stopped row
+    receives the pad id from then on."""
+
+    def __init__(self, ids: list[int], sequences: list[list[int]], pad: int, *, B: int, device: torch.device) -> None:
+        self.active = bool(ids or sequences)
+        self.ids = torch.tensor(ids, dtype=torch.long, device=device)
+        self.sequences = [torch.tensor(sequence, dtype=torch.long, device=device) for sequence in sequences]
+        self.pad = pad
+        self.finished = torch.zeros(B, dtype=torch.bool, device=device)  # (B,)
+
+    def padded(self, next_token: torch.Tensor) -> torch.Tensor:
+        """next_token (B,) with the pad id in the rows that have stopped."""
+        return next_token.masked_fill(self.finished, self.pad) if self.active else next_token
+
+    def update(self, tokens: torch.Tensor, n: int) -> None:
+        """Mark the rows whose tokens (B, N), filled up to column n, end in a stop."""
+        if not self.active:
+            return
+        self.finished |= torch.isin(tokens[:, n - 1], self.ids)
+        for sequence in self.sequences:
+            if n >= len(sequence):
+                self.finished |= (tokens[:, n - len(sequence) : n] == sequence).all(dim=1)
+
+    def all_finished(self) -> bool:
+        return self.active and bool(self.finished.all())
 
 
 # ------------------------------------------------------------------------------------------ text

@@ -77,7 +77,6 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
         prefill_chunk=config.prefill_chunk,
         drafter=llm.new_drafter(),  # speculative steps for a lone sequence when the LLM has a draft / lookup
     )
-    service = _Service(llm, engine, config)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -88,6 +87,15 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
     app = FastAPI(title="gpt2", summary="OpenAI-compatible GPT-2", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.engine = engine
     app.state.config = config
+    _add_error_handlers(app)
+    service = _Service(llm, engine, config)
+    _add_service_routes(app, service)
+    _add_api_routes(app, service)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error as OpenAI-shaped JSON (module docstring)."""
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, error: APIError) -> JSONResponse:
@@ -109,7 +117,9 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
         body = APIError(500, "internal server error", type="server_error").body()
         return JSONResponse(body, status_code=500)
 
-    authorized = [Depends(service.authorize)]
+
+def _add_service_routes(app: FastAPI, service: _Service) -> None:
+    """The routes around the API, open without a key: health, metrics, the playground."""
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -119,6 +129,15 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
     async def metrics() -> Response:
         body, content_type = service.metrics.render()
         return Response(body, media_type=content_type)
+
+    @app.get("/", response_class=HTMLResponse)
+    async def playground() -> HTMLResponse:
+        return HTMLResponse(PLAYGROUND_HTML)
+
+
+def _add_api_routes(app: FastAPI, service: _Service) -> None:
+    """OpenAI's routes, behind the API key when one is set."""
+    authorized = [Depends(service.authorize)]
 
     @app.get("/v1/models", dependencies=authorized)
     async def models() -> dict[str, Any]:
@@ -136,12 +155,6 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
     @app.post("/v1/chat/completions", dependencies=authorized)
     async def chat_completions(request: Request) -> Response:
         return await service.chat(request)
-
-    @app.get("/", response_class=HTMLResponse)
-    async def playground() -> HTMLResponse:
-        return HTMLResponse(PLAYGROUND_HTML)
-
-    return app
 
 
 # The engine's errors as HTTP answers, by type (never by message): status, OpenAI error type, code.
