@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from gpt2.config import is_integer
-from gpt2.cpu.decoder import NativeDecoder, native_decoder
+from gpt2.cpu.decoder import native_decoder
 from gpt2.inference.beam import beam_search
 from gpt2.inference.checks import check_ids, check_prompt_ids, check_stop_ids
 from gpt2.inference.processors import LogitsProcessor, apply_processors, build_processors, with_end_of_text
@@ -190,13 +190,8 @@ def stream(
         mask[:, :T] = attention_mask
     stops = _Stops(*stop_settings, B=B, device=device)
 
-    cache = model.new_kv_cache(B, max_len=min(config.block_size, T + max_new_tokens))
-    decode_step, decoder = _decode_steps(model, options, B)
-
-    # prefill: the whole prompt (at most block_size columns) in one pass
-    logits = prefill(model, tokens, mask, start=0, end=T, cache=cache)
-    window_start = 0  # the cache holds columns [window_start, window_start + cache.length)
-    positions = mask[:, :T].sum(dim=1, keepdim=True) if mask is not None else None  # (B, 1): next position
+    window = _Window(model, tokens, mask, slide_by, options)
+    logits = window.prefill(T)  # the whole prompt (at most block_size columns) in one pass
     n = T  # columns filled
     for step in range(max_new_tokens):
         if rules:
@@ -211,25 +206,7 @@ def stream(
         yield next_token
         if step == max_new_tokens - 1 or stops.all_finished():
             return
-        if cache.length == cache.max_len:
-            # Full window: re-prefill the last W columns at positions [0, W) (module docstring).
-            window_start = n - (config.block_size - slide_by)
-            cache.reset()
-            logits = prefill(model, tokens, mask, start=window_start, end=n, cache=cache)
-            if mask is not None:
-                positions = mask[:, window_start:n].sum(dim=1, keepdim=True)
-            continue
-        # decode: feed the token just drawn at the next position; (B, 1, V) -> last logits (B, V)
-        step_mask = mask[:, window_start:n] if mask is not None else None
-        if decoder is not None:
-            step_positions = positions.view(B) if positions is not None else None
-            logits = decoder.step(tokens[:, n - 1], cache, positions=step_positions, key_mask=step_mask)
-        else:
-            logits = decode_step(
-                tokens[:, n - 1 : n], attention_mask=step_mask, position_ids=positions, kv_cache=cache, validate=False
-            ).logits[:, -1]
-        if positions is not None:
-            positions = positions + 1
+        logits = window.feed(n)
 
 
 def _check_stream(
@@ -251,23 +228,6 @@ def _check_stream(
         pad_token_id = stop_ids[0] if stop_ids else 0
     check_ids("pad_token_id", [pad_token_id], config.vocab_size)
     return slide_by, (stop_ids, stop_seqs, pad_token_id)
-
-
-def _decode_steps(model: GPT, options: DecodeOptions, B: int) -> tuple[Callable[..., Any], NativeDecoder | None]:
-    """The one-token decode step through the model (compiled when asked), and the native decoder where it runs
-    the model's B rows (options.native: None where it can and is faster, True required, False never)."""
-    decode_step: Callable[..., Any] = model.forward
-    if options.compile:
-        decode_step = torch.compile(model.forward, dynamic=True)
-    decoder = native_decoder(model) if options.native is not False and not options.compile else None
-    if options.native and decoder is None:
-        raise ValueError(
-            "native decoding cannot run this model (it needs a CPU model in eval mode with float32/bfloat16 "
-            "nn.Linear or NativeLinear layers, and the native kernels built); pass native=None or False"
-        )
-    if options.native is None and decoder is not None and not decoder.takes(B):
-        decoder = None  # this many rows step faster through the model (FLOAT32_MAX_ROWS)
-    return decode_step, decoder
 
 
 def _prompt_on(
@@ -308,6 +268,59 @@ class _Stops:
 
     def all_finished(self) -> bool:
         return self.active and bool(self.finished.all())
+
+
+class _Window:
+    """The KV cache's window over the columns so far, `tokens` (B, N) and their mask: the prompt's prefill, then
+    each new column fed by a decode step (the native decoder where it runs the model's rows: options.native None
+    where it can and is faster, True required, False never), and on a full cache the re-prefill of the last
+    block_size - slide_by columns at positions [0, W) (module docstring)."""
+
+    def __init__(
+        self, model: GPT, tokens: torch.Tensor, mask: torch.Tensor | None, slide_by: int, options: DecodeOptions
+    ) -> None:
+        B = tokens.size(0)
+        self.model, self.tokens, self.mask, self.slide_by = model, tokens, mask, slide_by
+        self.cache = model.new_kv_cache(B, max_len=min(model.config.block_size, tokens.size(1)))
+        self.start = 0  # the cache holds columns [start, start + cache.length)
+        self.positions: torch.Tensor | None = None  # (B, 1): each row's next position, with padding
+        self.decode_step: Callable[..., Any] = model.forward
+        if options.compile:
+            self.decode_step = torch.compile(model.forward, dynamic=True)
+        self.decoder = native_decoder(model) if options.native is not False and not options.compile else None
+        if options.native and self.decoder is None:
+            raise ValueError(
+                "native decoding cannot run this model (it needs a CPU model in eval mode with float32/bfloat16 "
+                "nn.Linear or NativeLinear layers, and the native kernels built); pass native=None or False"
+            )
+        if options.native is None and self.decoder is not None and not self.decoder.takes(B):
+            self.decoder = None  # this many rows step faster through the model (FLOAT32_MAX_ROWS)
+
+    def prefill(self, end: int) -> torch.Tensor:
+        """Prefill columns [start, end) into the emptied cache; the last column's logits (B, V)."""
+        self.cache.reset()
+        if self.mask is not None:
+            self.positions = self.mask[:, self.start : end].sum(dim=1, keepdim=True)
+        return prefill(self.model, self.tokens, self.mask, start=self.start, end=end, cache=self.cache)
+
+    def feed(self, n: int) -> torch.Tensor:
+        """Feed column n - 1 (the token just drawn); the logits (B, V) after it."""
+        cache, mask, positions = self.cache, self.mask, self.positions
+        if cache.length == cache.max_len:  # full: re-prefill the last W columns
+            self.start = n - (self.model.config.block_size - self.slide_by)
+            return self.prefill(n)
+        step_mask = mask[:, self.start : n] if mask is not None else None
+        if self.decoder is not None:
+            step_positions = positions.view(-1) if positions is not None else None
+            logits = self.decoder.step(self.tokens[:, n - 1], cache, positions=step_positions, key_mask=step_mask)
+        else:  # (B, 1) -> (B, 1, V) -> the last logits (B, V)
+            logits = self.decode_step(
+                self.tokens[:, n - 1 : n], attention_mask=step_mask, position_ids=positions, kv_cache=cache,
+                validate=False,
+            ).logits[:, -1]  # fmt: skip
+        if positions is not None:
+            self.positions = positions + 1
+        return logits
 
 
 # ------------------------------------------------------------------------------------------ text

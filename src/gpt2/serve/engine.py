@@ -45,6 +45,7 @@ from gpt2.serve.sequence import (
     EngineStopped,
     QueueFull,
     SequenceRequest,
+    SequenceSetup,
     SequenceState,
     SequenceStatus,
     Sink,
@@ -122,6 +123,7 @@ class Engine:
         self.vocab_limit = min(len(tokenizer), self.vocab_size)  # never draw an id the tokenizer does not have
         self.max_queue = max_queue
         self.device = model.transformer.wte.weight.device
+        self._setup = SequenceSetup(tokenizer, self.vocab_size, self.device)
         self._runner = Runner(
             model,
             max_rows=max_batch,
@@ -205,9 +207,7 @@ class Engine:
             room = self.block_size - len(request.prompt)  # prompt + completion fit the context
             max_new = min(request.params.max_tokens, room)
             grammar = self._grammar(request)
-            sequences.append(
-                SequenceState(index, request, sink, max_new, self.device, self.tokenizer, self.vocab_size, grammar)
-            )
+            sequences.append(SequenceState(index, request, sink, max_new, self._setup, grammar))
         with self._lock:
             if self._closing:
                 raise EngineStopped(SHUTTING_DOWN)

@@ -127,6 +127,16 @@ class SequenceOutput:
 Sink = Callable[[SequenceOutput], None]
 
 
+@dataclass(frozen=True)
+class SequenceSetup:
+    """What every sequence of an engine is built with: its tokenizer, its model's vocabulary size (the logits'
+    width) and device."""
+
+    tokenizer: TextTokenizer
+    vocab_size: int
+    device: torch.device
+
+
 class SequenceState:
     """The engine's state of one sequence, from submission to its final output."""
 
@@ -136,11 +146,10 @@ class SequenceState:
         request: SequenceRequest,
         sink: Sink,
         max_new: int,
-        device: torch.device,
-        tokenizer: TextTokenizer,
-        vocab_size: int,
+        setup: SequenceSetup,
         grammar: LogitsProcessor | None = None,
     ) -> None:
+        tokenizer, device = setup.tokenizer, setup.device
         self.index = index
         self.request = request
         self.sink = sink
@@ -156,7 +165,7 @@ class SequenceState:
         self.stop_ids = frozenset(params.stop_token_ids)
         # The rules the offline decoder applies too (a ValueError here, e.g. a bias on an id past the vocabulary,
         # refuses the request); `tokens` is what they see: the prompt, then every token drawn.
-        self.processors = build_processors(params, prompt_length=len(request.prompt), vocab_size=vocab_size)
+        self.processors = build_processors(params, prompt_length=len(request.prompt), vocab_size=setup.vocab_size)
         if grammar is not None:  # after the rules, as the offline decoder runs it
             self.processors.append(grammar)
         self.tokens = list(request.prompt)  # what the rules and the drafter see: the prompt, then every token drawn
