@@ -67,7 +67,7 @@ class GrammarCompilations:
         threading.Thread(target=work, name="gpt2-grammar", daemon=True).start()
         try:
             return await asyncio.wait_for(result, self.timeout)
-        except TimeoutError:
+        except asyncio.TimeoutError:  # TimeoutError from Python 3.11 on
             what = "regex" if params.regex is not None else "json_schema"
             raise GrammarTooComplex(
                 f"the {what} is too complex to compile within {self.timeout:g} s (the server's --grammar-timeout); "
