@@ -133,7 +133,7 @@ class LabelSet:
         return len(self.names)
 
     def id_of(self, label: int | str) -> int:
-        if isinstance(label, int) and not isinstance(label, bool):
+        if is_integer(label):
             if not 0 <= label < len(self.names):
                 raise ValueError(f"label id {label} is outside 0..{len(self.names) - 1}")
             return label
