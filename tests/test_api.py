@@ -70,6 +70,23 @@ def test_a_single_stop_string_becomes_a_tuple_and_replace_validates_again() -> N
         params.replace(max_tokens=-1)
 
 
+@pytest.mark.parametrize("speculation", [{}, {"prompt_lookup": 4}], ids=["plain", "speculative"])
+def test_a_stop_id_outside_the_vocabulary_is_refused_on_every_text_path(speculation: dict) -> None:
+    llm = LLM(tiny_gpt(), ByteTokenizer(), torch.device("cpu"), **speculation)
+    outside = ByteTokenizer.vocab_size
+    params = SamplingParams(max_tokens=3, temperature=0, stop_token_ids=[outside])
+    paths = {
+        "stream": lambda: list(llm.stream("ab", params)),
+        "generate": lambda: llm.generate("ab", params),
+        "batch": lambda: llm.generate(["ab", "c"], params),
+        "beams": lambda: llm.generate("ab", params.replace(num_beams=2)),
+    }
+    for name, call in paths.items():
+        with pytest.raises(ValueError, match=rf"stop_token_ids holds {outside}, which is not a token id in") as caught:
+            call()
+        assert "\n" not in str(caught.value), name
+
+
 def test_the_samples_of_n_get_consecutive_seeds() -> None:
     params = SamplingParams(seed=7, n=3)
     assert [params.for_sample(i).seed for i in range(3)] == [7, 8, 9]

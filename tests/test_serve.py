@@ -749,6 +749,7 @@ def test_16_concurrent_clients_each_get_the_answer_they_get_alone(
         (dict(prompt=[]), "prompt"),
         (dict(prompt=[1, "a"]), "prompt"),
         (dict(prompt=[999]), "prompt"),
+        (dict(stop_token_ids=[10**6]), "stop_token_ids"),
         (dict(stream="yes"), "stream"),
         (dict(echo=1), "echo"),
         (dict(suffix="!"), "suffix"),
@@ -1032,6 +1033,17 @@ def test_gpt2_serve_refuses_bad_settings_in_one_line_before_loading(capsys: pyte
     assert capsys.readouterr().err.strip() == (
         "gpt2 serve: error: port must be an integer in [0, 65535] (0: any free port), got 70000"
     )
+
+
+def test_gpt2_serve_takes_a_grammar_timeout_and_refuses_a_bad_one() -> None:
+    from gpt2.cli.serve import server_config
+
+    assert (
+        server_config(serve_parser().parse_args(["serve", "--model", "m", "--grammar-timeout", "2.5"])).grammar_timeout
+        == 2.5
+    )
+    with pytest.raises(ValueError, match="grammar_timeout must be a number of seconds > 0, got 0.0"):
+        server_config(serve_parser().parse_args(["serve", "--model", "m", "--grammar-timeout", "0"]))
 
 
 # ------------------------------------------------------------------------------------ playground

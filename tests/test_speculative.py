@@ -16,6 +16,7 @@ from gpt2.api import LLM
 from gpt2.cli import main
 from gpt2.config import GPTConfig
 from gpt2.inference.generation import generate
+from gpt2.inference.prompt import DecodeOptions
 from gpt2.inference.sampling import SamplingParams, sample_next_token
 from gpt2.inference.speculative import (
     DraftModel,
@@ -52,6 +53,10 @@ def prompts(count: int, vocab_size: int = 300) -> list[list[int]]:
     return out
 
 
+def greedy(steps: int) -> SamplingParams:
+    return SamplingParams(max_tokens=steps, temperature=0)
+
+
 def plain_greedy(model: GPT, prompt: list[int], steps: int) -> list[int]:
     return generate(model, torch.tensor([prompt]), steps, temperature=0)[0, len(prompt) :].tolist()
 
@@ -63,7 +68,9 @@ def test_prompt_lookup_greedy_equals_plain_greedy(native: bool) -> None:
     stats = SpeculationStats()
     for prompt in prompts(24):
         drafter = PromptLookup(num_tokens=4)
-        out = list(speculative_stream(model, prompt, 30, drafter, temperature=0, native=native, stats=stats))
+        out = list(
+            speculative_stream(model, prompt, greedy(30), drafter, options=DecodeOptions(native=native), stats=stats)
+        )
         assert out == plain_greedy(model, prompt, 30)
     assert stats.accepted > 50 and stats.accepted < stats.drafted  # both paths of the rule were taken
 
@@ -73,7 +80,7 @@ def test_draft_model_greedy_equals_plain_greedy(draft_seed: int) -> None:
     model, draft = random_gpt(), random_gpt(seed=draft_seed, n_layer=1)
     stats = SpeculationStats()
     for prompt in prompts(16):
-        out = list(speculative_stream(model, prompt, 25, DraftModel(draft), temperature=0, stats=stats))
+        out = list(speculative_stream(model, prompt, greedy(25), DraftModel(draft), stats=stats))
         assert out == plain_greedy(model, prompt, 25)
     assert stats.drafted > 0 and stats.generated == 16 * 25
 
@@ -81,13 +88,13 @@ def test_draft_model_greedy_equals_plain_greedy(draft_seed: int) -> None:
 def test_a_draft_identical_to_the_target_is_always_accepted() -> None:
     model = random_gpt()
     stats = SpeculationStats()
-    list(speculative_stream(model, [1, 2, 3], 20, DraftModel(random_gpt()), temperature=0, stats=stats))
+    list(speculative_stream(model, [1, 2, 3], greedy(20), DraftModel(random_gpt()), stats=stats))
     assert stats.accepted == stats.drafted > 0
 
 
 def test_greedy_past_the_context_window_keeps_going() -> None:
     model = random_gpt(block_size=16)
-    out = list(speculative_stream(model, [1, 2, 3, 1, 2], 40, PromptLookup(num_tokens=3), temperature=0))
+    out = list(speculative_stream(model, [1, 2, 3, 1, 2], greedy(40), PromptLookup(num_tokens=3)))
     assert len(out) == 40
     assert out[:11] == plain_greedy(model, [1, 2, 3, 1, 2], 11)  # within the window: plain greedy's tokens
 
@@ -96,7 +103,8 @@ def test_stops_after_a_stop_token() -> None:
     model = random_gpt()
     full = plain_greedy(model, [5, 6, 7], 20)
     stop = full[7]
-    out = list(speculative_stream(model, [5, 6, 7], 20, PromptLookup(), temperature=0, stop_token_ids=[stop]))
+    params = SamplingParams(max_tokens=20, temperature=0, stop_token_ids=[stop])
+    out = list(speculative_stream(model, [5, 6, 7], params, PromptLookup()))
     assert out == full[: full.index(stop) + 1]
 
 
@@ -135,10 +143,8 @@ def test_sampled_output_is_distributed_as_the_target(drafter_kind: str, sampler:
         out = speculative_stream(
             model,
             prompt,
-            steps,
+            SamplingParams(max_tokens=steps, temperature=sampler.temperature, top_k=sampler.top_k),
             drafter,
-            temperature=sampler.temperature,
-            top_k=sampler.top_k,
             generator=generator,
             stats=stats,
         )
@@ -188,7 +194,8 @@ def test_speculation_at_a_tiny_temperature_gives_plain_greedy_text(temperature: 
     params = SamplingParams(max_tokens=30, temperature=temperature, seed=1)
     assert byte_llm(**options).generate("abcabcab", params) == greedy
     assert greedy  # a text, so the comparison says something
-    tokens = list(speculative_stream(random_gpt(), [5, 6, 7, 5, 6, 7, 5], 20, PromptLookup(), temperature=temperature))
+    params = SamplingParams(max_tokens=20, temperature=temperature)
+    tokens = list(speculative_stream(random_gpt(), [5, 6, 7, 5, 6, 7, 5], params, PromptLookup()))
     assert tokens == plain_greedy(random_gpt(), [5, 6, 7, 5, 6, 7, 5], 20)
 
 
@@ -252,9 +259,11 @@ def test_bad_options_are_clear_errors() -> None:
         DraftModel(random_gpt(), confidence=1.0)
     model = random_gpt()
     with pytest.raises(ValueError, match="share the target's tokenizer"):
-        list(speculative_stream(model, [1], 3, DraftModel(random_gpt(vocab_size=100))))
-    with pytest.raises(ValueError, match="top_p"):
-        list(speculative_stream(model, [1], 3, PromptLookup(), top_p=2.0))
+        list(speculative_stream(model, [1], SamplingParams(max_tokens=3), DraftModel(random_gpt(vocab_size=100))))
+    with pytest.raises(ValueError, match="without decoding rules"):
+        list(speculative_stream(model, [1], SamplingParams(max_tokens=3, repetition_penalty=1.2), PromptLookup()))
+    with pytest.raises(ValueError, match="vocab_limit, slide_by and native only"):
+        list(speculative_stream(model, [1], greedy(3), PromptLookup(), options=DecodeOptions(truncate="left")))
 
 
 # ------------------------------------------------------------------------------------------ facade and CLI

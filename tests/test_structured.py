@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jsonschema
@@ -106,9 +108,9 @@ def test_no_grammar_asked_for_is_no_processor(tokenizer: TextTokenizer) -> None:
         ({"regex": "a", "json_schema": {}}, "either regex or json_schema"),
     ],
 )
-def test_invalid_grammars_are_one_line_value_errors(fields: dict, reason: str) -> None:
+def test_invalid_grammars_are_one_line_value_errors(tokenizer: TextTokenizer, fields: dict, reason: str) -> None:
     with pytest.raises(ValueError, match=reason) as caught:
-        SamplingParams(**fields)
+        structured_processor(SamplingParams(**fields), tokenizer)  # malformed: at construction; invalid: compiling
     assert "\n" not in str(caught.value)
 
 
@@ -140,3 +142,61 @@ def test_the_openai_clients_response_format_works_against_gpt2_serve(llm: LLM) -
                              "messages": [{"role": "user", "content": "x"}]}, timeout=60)  # fmt: skip
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "response_format"
         assert "json_schema" in refused.json()["error"]["message"]
+
+
+def deep_schema(depth: int) -> dict:
+    """An object nested `depth` deep around an integer: xgrammar's compile time grows fast with the depth."""
+    schema: dict = {"type": "integer"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
+def test_a_short_request_completes_while_another_requests_grammar_compiles(
+    llm: LLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    httpx = pytest.importorskip("httpx")
+    from test_serve import MODEL, WAIT_SECONDS, running
+
+    compiling, short_done = threading.Event(), threading.Event()
+    compile_grammar = GrammarCompiler.compile
+
+    def compile_after_the_short_request(self: GrammarCompiler, **grammar: object) -> object:
+        compiling.set()
+        short_done.wait(WAIT_SECONDS)  # a compile that blocked the server would keep it from ever being set
+        return compile_grammar(self, **grammar)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(GrammarCompiler, "compile", compile_after_the_short_request)
+    schema_format = {"type": "json_schema", "json_schema": {"name": "user", "schema": SCHEMA}}
+    with running(llm) as url, ThreadPoolExecutor(1) as pool:
+        body = {"model": MODEL, "prompt": "The user:", "max_tokens": 120, "seed": 1, "response_format": schema_format}
+        structured = pool.submit(httpx.post, f"{url}/v1/completions", json=body, timeout=WAIT_SECONDS)
+        assert compiling.wait(WAIT_SECONDS)
+        short = httpx.post(f"{url}/v1/completions", timeout=WAIT_SECONDS,
+                           json={"model": MODEL, "prompt": "x", "max_tokens": 5, "temperature": 0})  # fmt: skip
+        finished_first = not structured.done()
+        short_done.set()
+        assert short.status_code == 200 and short.json()["usage"]["completion_tokens"] == 5
+        assert finished_first  # the short request finished while the grammar was still waiting to compile
+        answer = structured.result()
+    assert answer.status_code == 200
+    assert answer.json()["choices"][0]["text"] == llm.generate("The user:", SamplingParams(
+        max_tokens=120, seed=1, json_schema=SCHEMA))[0]  # fmt: skip
+
+
+def test_a_grammar_past_the_compile_limit_is_a_400_naming_the_limit(llm: LLM) -> None:
+    httpx = pytest.importorskip("httpx")
+    from test_serve import MODEL, WAIT_SECONDS, running
+
+    too_deep = {"type": "json_schema", "json_schema": {"name": "deep", "schema": deep_schema(60)}}
+    with running(llm, grammar_timeout=0.01) as url:
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 5, "response_format": too_deep}
+        refused = httpx.post(f"{url}/v1/completions", json=body, timeout=WAIT_SECONDS)
+        served = httpx.post(f"{url}/v1/completions", timeout=WAIT_SECONDS,
+                            json={"model": MODEL, "prompt": "x", "max_tokens": 5})  # fmt: skip
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["param"] == "response_format"
+    assert "json_schema is too complex to compile within 0.01 s" in error["message"]
+    assert "--grammar-timeout" in error["message"]
+    assert served.status_code == 200  # the server goes on serving

@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 AttentionImpl = Literal["sdpa", "explicit"]
 
 GPT2_VOCAB_SIZE = 50257  # 50,000 merges + 256 byte tokens + <|endoftext|>
 GPT2_CONTEXT = 1024
+
+
+def is_integer(value: object) -> TypeGuard[int]:
+    """Whether `value` is an int and not a bool: Python's True is an int, but never a count, a size or a token id
+    here. The one integer check of the package's validations.
+
+    >>> is_integer(3), is_integer(True), is_integer(3.0)
+    (True, False, False)
+    """
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -47,7 +57,7 @@ class GPTConfig:
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            if not is_integer(value) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.n_embd % self.n_head != 0:
             raise ValueError(

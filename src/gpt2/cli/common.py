@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
@@ -89,126 +90,72 @@ def set_threads(args: argparse.Namespace) -> None:
     torch.set_num_threads(threads)
 
 
+def add_flags(parser: Any, flags: Sequence[tuple[tuple[str, ...], str, dict[str, Any]]]) -> None:
+    """Add each (names, help, keywords of add_argument) of a table of flags to a parser or argument group."""
+    for names, help_text, keywords in flags:
+        parser.add_argument(*names, help=help_text, **keywords)
+
+
 def add_sampling_arguments(
     parser: argparse.ArgumentParser, *, max_tokens: int = 256, samples: bool = True, beams: bool = True
 ) -> None:
-    """--max-new-tokens, --temperature, --top-p, --top-k, --stop, --stop-token-id, --seed, -n: one flag per
-    SamplingParams field, with its default; `sampling_params(args)` builds (and so validates) the dataclass.
-    samples=False leaves out -n and beams=False the beam-search flags, for a command that draws one reply."""
+    """--max-new-tokens, --temperature, --top-p, --top-k, --min-p, --stop, --stop-token-id, --seed, -n and the
+    generation controls: one flag per SamplingParams field, with its default; `sampling_params(args)` builds (and so
+    validates) the dataclass. samples=False leaves out -n and beams=False the beam-search flags, for a command that
+    draws one reply."""
     defaults = SamplingParams()
-    parser.add_argument(
-        "--max-new-tokens",
-        "--max-tokens",
-        dest="max_tokens",
-        type=int,
-        default=max_tokens,
-        help=f"tokens per sample at most (default {max_tokens})",
-    )
-    parser.add_argument("--temperature", type=float, default=defaults.temperature, help="0 = greedy (default 1.0)")
-    parser.add_argument(
-        "--top-p",
-        type=float,
-        default=defaults.top_p,
-        help="sample from the nucleus of this probability mass, in (0, 1] (default 1.0: off)",
-    )
-    parser.add_argument("--top-k", type=int, default=defaults.top_k, help="sample from the k most likely tokens only")
-    parser.add_argument(
-        "--min-p",
-        type=float,
-        default=defaults.min_p,
-        help="drop tokens less than this times as probable as the best one, in [0, 1] (default 0: off)",
-    )
-    parser.add_argument("--stop", action="append", default=[], help="stop when this text appears (repeatable)")
-    parser.add_argument(
-        "--stop-token-id",
-        dest="stop_token_ids",
-        type=int,
-        action="append",
-        default=[],
-        help="stop a sample at this token id (repeatable; end-of-text always stops)",
-    )
-    parser.add_argument(
-        "--seed", type=int, default=defaults.seed, help="make the samples reproducible (sample i uses seed + i)"
-    )
+    add_flags(parser, [
+        (("--max-new-tokens", "--max-tokens"), f"tokens per sample at most (default {max_tokens})",
+         {"dest": "max_tokens", "type": int, "default": max_tokens}),
+        (("--temperature",), "0 = greedy (default 1.0)", {"type": float, "default": defaults.temperature}),
+        (("--top-p",), "sample from the nucleus of this probability mass, in (0, 1] (default 1.0: off)",
+         {"type": float, "default": defaults.top_p}),
+        (("--top-k",), "sample from the k most likely tokens only", {"type": int, "default": defaults.top_k}),
+        (("--min-p",), "drop tokens less than this times as probable as the best one, in [0, 1] (default 0: off)",
+         {"type": float, "default": defaults.min_p}),
+        (("--stop",), "stop when this text appears (repeatable)", _repeatable()),
+        (("--stop-token-id",), "stop a sample at this token id (repeatable; end-of-text always stops)",
+         _repeatable(dest="stop_token_ids", type=int)),
+        (("--seed",), "make the samples reproducible (sample i uses seed + i)",
+         {"type": int, "default": defaults.seed}),
+    ])  # fmt: skip
     if samples:
         parser.add_argument("-n", "--num-samples", dest="n", type=int, default=defaults.n, help="samples to draw")
     rules = parser.add_argument_group("generation controls (transformers' GenerationConfig meanings)")
-    _add_rule_arguments(rules, defaults)
+    add_flags(rules, [
+        (("--repetition-penalty",), "divide the logits of tokens already present (> 1 discourages repeats; default "
+         "1.0: off)", {"type": float, "default": defaults.repetition_penalty}),
+        (("--no-repeat-ngram-size",), "never repeat an n-gram of this size (default 0: off)",
+         {"type": int, "default": defaults.no_repeat_ngram_size}),
+        (("--min-tokens", "--min-new-tokens"), "no end-of-text or stop token before this many tokens (default 0)",
+         {"dest": "min_tokens", "type": int, "default": defaults.min_tokens}),
+        (("--bad-words",), "never produce this text (also with a leading space; repeatable)", _repeatable()),
+        (("--logit-bias",), "add BIAS in [-100, 100] to a token's logit (repeatable)",
+         _repeatable(metavar="TOKEN_ID=BIAS")),
+        (("--presence-penalty",), "lower the logit of tokens already generated, in [-2, 2] (OpenAI's)",
+         {"type": float, "default": defaults.presence_penalty}),
+        (("--frequency-penalty",), "lower a token's logit per time it was generated, in [-2, 2] (OpenAI's)",
+         {"type": float, "default": defaults.frequency_penalty}),
+    ])  # fmt: skip
     if beams:
-        _add_beam_arguments(rules, defaults)
+        add_flags(rules, _beam_flags(defaults))
 
 
-def _add_rule_arguments(rules: argparse._ArgumentGroup, defaults: SamplingParams) -> None:
-    """The logits-processor flags: penalties, bans, bias, minimum length."""
-    rules.add_argument(
-        "--repetition-penalty",
-        type=float,
-        default=defaults.repetition_penalty,
-        help="divide the logits of tokens already present (> 1 discourages repeats; default 1.0: off)",
-    )
-    rules.add_argument(
-        "--no-repeat-ngram-size",
-        type=int,
-        default=defaults.no_repeat_ngram_size,
-        help="never repeat an n-gram of this size (default 0: off)",
-    )
-    rules.add_argument(
-        "--min-tokens",
-        "--min-new-tokens",
-        dest="min_tokens",
-        type=int,
-        default=defaults.min_tokens,
-        help="no end-of-text or stop token before this many tokens (default 0)",
-    )
-    rules.add_argument(
-        "--bad-words",
-        dest="bad_words",
-        action="append",
-        default=[],
-        help="never produce this text (also with a leading space; repeatable)",
-    )
-    rules.add_argument(
-        "--logit-bias",
-        dest="logit_bias",
-        action="append",
-        default=[],
-        metavar="TOKEN_ID=BIAS",
-        help="add BIAS in [-100, 100] to a token's logit (repeatable)",
-    )
-    rules.add_argument(
-        "--presence-penalty",
-        type=float,
-        default=defaults.presence_penalty,
-        help="lower the logit of tokens already generated, in [-2, 2] (OpenAI's)",
-    )
-    rules.add_argument(
-        "--frequency-penalty",
-        type=float,
-        default=defaults.frequency_penalty,
-        help="lower a token's logit per time it was generated, in [-2, 2] (OpenAI's)",
-    )
-
-
-def _add_beam_arguments(rules: argparse._ArgumentGroup, defaults: SamplingParams) -> None:
+def _beam_flags(defaults: SamplingParams) -> list[tuple[tuple[str, ...], str, dict[str, Any]]]:
     """Beam search's flags (a command that streams one reply leaves them out)."""
-    rules.add_argument(
-        "--num-beams",
-        type=int,
-        default=defaults.num_beams,
-        help="beam search with this many beams (needs --temperature 0; -n best beams are printed)",
-    )
-    rules.add_argument(
-        "--length-penalty",
-        type=float,
-        default=defaults.length_penalty,
-        help="beam score = sum(log p) / length ** this (default 1.0)",
-    )
-    rules.add_argument(
-        "--early-stopping",
-        choices=["true", "false", "never"],
-        default="false",
-        help="beam search stop rule (transformers': true, false = heuristic, never = exact)",
-    )
+    return [
+        (("--num-beams",), "beam search with this many beams (needs --temperature 0; -n best beams are printed)",
+         {"type": int, "default": defaults.num_beams}),
+        (("--length-penalty",), "beam score = sum(log p) / length ** this (default 1.0)",
+         {"type": float, "default": defaults.length_penalty}),
+        (("--early-stopping",), "beam search stop rule (transformers': true, false = heuristic, never = exact)",
+         {"choices": ["true", "false", "never"], "default": "false"}),
+    ]  # fmt: skip
+
+
+def _repeatable(**keywords: Any) -> dict[str, Any]:
+    """add_argument's keywords of a flag that may be given several times (each its own list)."""
+    return {"action": "append", "default": [], **keywords}
 
 
 def sampling_params(args: argparse.Namespace) -> SamplingParams:

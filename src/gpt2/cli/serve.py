@@ -20,6 +20,7 @@ from typing import Any
 
 from gpt2.cli.common import (
     MODEL_HELP,
+    add_flags,
     add_model_arguments,
     add_speculation_arguments,
     add_threads_argument,
@@ -41,47 +42,28 @@ def register(subparsers: Any) -> None:
     parser.add_argument("model_path", nargs="?", metavar="MODEL", help=f"the model to serve, as --model: {MODEL_HELP}")
     add_model_arguments(parser, inference=True, required=False)
     add_threads_argument(parser)
-    parser.add_argument("--served-model-name", help="the model's name in the API (default: --model)")
-    parser.add_argument("--host", default=defaults.host, help=f"interface to listen on (default {defaults.host})")
-    parser.add_argument("--port", type=int, default=defaults.port, help=f"TCP port (default {defaults.port})")
-    parser.add_argument(
-        "--api-key", default=os.environ.get(API_KEY_ENV), help=f"require this bearer key (default: ${API_KEY_ENV})"
-    )
-    parser.add_argument("--max-batch", type=int, default=defaults.max_batch, help="sequences decoded together at most")
-    parser.add_argument(
-        "--max-queue", type=int, default=defaults.max_queue, help="sequences waiting at most (then 429)"
-    )
-    parser.add_argument(
-        "--drain-seconds",
-        type=int,
-        default=defaults.drain_seconds,
-        help="on SIGTERM, how long requests in flight may take to finish",
-    )
-    parser.add_argument(
-        "--no-prefix-cache",
-        dest="prefix_cache",
-        action="store_false",
-        help="prefill every prompt in full (default: reuse the keys and values of earlier prompts' prefixes)",
-    )
-    parser.add_argument(
-        "--prefix-cache-mb",
-        type=int,
-        default=defaults.prefix_cache_mb,
-        help=f"memory for the prefix cache, allocated at start, in MiB (default {defaults.prefix_cache_mb})",
-    )
-    parser.add_argument(
-        "--prefill-chunk",
-        type=int,
-        default=defaults.prefill_chunk,
-        help="prompt tokens prefilled between two decode steps at most; longer prompts go in chunks "
-        f"(default {defaults.prefill_chunk})",
-    )
-    parser.add_argument(
-        "--max-connections",
-        type=int,
-        default=defaults.max_connections,
-        help=f"connections open at once at most; past it a request gets 503 (default {defaults.max_connections})",
-    )
+    add_flags(parser, [
+        (("--served-model-name",), "the model's name in the API (default: --model)", {}),
+        (("--host",), f"interface to listen on (default {defaults.host})", {"default": defaults.host}),
+        (("--port",), f"TCP port (default {defaults.port})", {"type": int, "default": defaults.port}),
+        (("--api-key",), f"require this bearer key (default: ${API_KEY_ENV})",
+         {"default": os.environ.get(API_KEY_ENV)}),
+        (("--max-batch",), "sequences decoded together at most", {"type": int, "default": defaults.max_batch}),
+        (("--max-queue",), "sequences waiting at most (then 429)", {"type": int, "default": defaults.max_queue}),
+        (("--drain-seconds",), "on SIGTERM, how long requests in flight may take to finish",
+         {"type": int, "default": defaults.drain_seconds}),
+        (("--no-prefix-cache",), "prefill every prompt in full (default: reuse the keys and values of earlier "
+         "prompts' prefixes)", {"dest": "prefix_cache", "action": "store_false"}),
+        (("--prefix-cache-mb",), "memory for the prefix cache, allocated at start, in MiB (default "
+         f"{defaults.prefix_cache_mb})", {"type": int, "default": defaults.prefix_cache_mb}),
+        (("--prefill-chunk",), "prompt tokens prefilled between two decode steps at most; longer prompts go in chunks "
+         f"(default {defaults.prefill_chunk})", {"type": int, "default": defaults.prefill_chunk}),
+        (("--grammar-timeout",), "seconds a request's json_schema or regex may take to compile (then 400; other "
+         f"requests run meanwhile; default {defaults.grammar_timeout:g})",
+         {"type": float, "default": defaults.grammar_timeout, "metavar": "S"}),
+        (("--max-connections",), "connections open at once at most; past it a request gets 503 (default "
+         f"{defaults.max_connections})", {"type": int, "default": defaults.max_connections}),
+    ])  # fmt: skip
     add_speculation_arguments(parser)  # used for a request decoding alone (gpt2.serve.engine)
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     parser.set_defaults(func=run)
@@ -101,6 +83,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         prefix_cache_mb=args.prefix_cache_mb,
         prefill_chunk=args.prefill_chunk,
         max_connections=args.max_connections,
+        grammar_timeout=args.grammar_timeout,
     )
 
 

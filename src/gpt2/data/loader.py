@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gpt2.config import is_integer
 from gpt2.data.view import TokenView
 
 
@@ -59,7 +60,7 @@ class BatchLoader:
         shuffle: bool = True,
     ) -> None:
         for name, value in (("batch_size", batch_size), ("block_size", block_size), ("world_size", world_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            if not is_integer(value) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
@@ -128,6 +129,6 @@ class BatchLoader:
                     "global batch size (batch_size * world_size)"
                 )
         step = state.get("step")
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        if not is_integer(step) or step < 0:
             raise ValueError(f"the saved batch loader state has step={step!r}; expected a non-negative integer")
         self.step = step

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from gpt2.config import is_integer
 from gpt2.data.progress import (
     PROGRESS_NAME,
     Progress,
@@ -194,7 +195,7 @@ class PrepareOptions:
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction!r}")
         for name, value in (("shard_tokens", self.shard_tokens), ("chunk_chars", self.chunk_chars)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            if not is_integer(value) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.expected_tokens is not None and self.expected_tokens <= 0:
             raise ValueError(f"expected_tokens must be positive or None, got {self.expected_tokens!r}")

@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from gpt2.config import is_integer
+
 FEWSHOT_SEED = 1234  # lm-eval's fewshot_random_seed default (lm_eval.defaults.DEFAULT_OTHER_SEED)
 FEWSHOT_DELIMITER = "\n\n"  # between shots (TaskConfig.fewshot_delimiter)
 TARGET_DELIMITER = " "  # between a shot's query and its answer (TaskConfig.target_delimiter)
@@ -43,7 +45,7 @@ class FewShot:
     fewshot_delimiter: str = FEWSHOT_DELIMITER
 
     def __post_init__(self) -> None:
-        if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 0:
+        if not is_integer(self.k) or self.k < 0:
             raise ValueError(f"--num-fewshot must be an integer >= 0 (0 = zero-shot), got {self.k!r}")
 
 

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from gpt2.config import is_integer
 from gpt2.eval.fewshot import FewShot, fewshot_contexts
 from gpt2.eval.files import JsonlSource, describe_source, fetch_dataset, read_jsonl, require_field, reusable
 from gpt2.eval.scoring import score_texts
@@ -64,7 +65,7 @@ def parse_hellaswag_record(record: Any, where: str, style: HellaSwagStyle = "nan
     label = record["label"]
     if isinstance(label, str) and label.strip().isdigit():
         label = int(label)  # the Hub copy stores labels as strings
-    if not isinstance(label, int) or isinstance(label, bool) or not 0 <= label < HELLASWAG_NUM_ENDINGS:
+    if not is_integer(label) or not 0 <= label < HELLASWAG_NUM_ENDINGS:
         raise ValueError(f"{where}: 'label' must be an integer in [0, {HELLASWAG_NUM_ENDINGS}), got {label!r}")
     if style == "nanogpt":
         context = require_field(record, "ctx", str, where, HELLASWAG_HINT)

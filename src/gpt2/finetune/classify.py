@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt2.config import GPTConfig
+from gpt2.config import GPTConfig, is_integer
 from gpt2.model import GPT, INIT_STD
 from gpt2.runtime.files import atomic_write_bytes, iter_jsonl_objects
 from gpt2.tokenizer import TextTokenizer, load_tokenizer
@@ -59,7 +59,7 @@ class GPTForSequenceClassification(GPT):
     """
 
     def __init__(self, config: GPTConfig, num_labels: int, pad_token_id: int | None = None) -> None:
-        if isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels < 1:
+        if not is_integer(num_labels) or num_labels < 1:
             raise ValueError(f"num_labels must be a positive integer, got {num_labels!r}")
         if pad_token_id is not None and not 0 <= pad_token_id < config.vocab_size:
             raise ValueError(f"pad_token_id {pad_token_id} is not a token id of a vocabulary of {config.vocab_size}")
@@ -133,7 +133,7 @@ class LabelSet:
         return len(self.names)
 
     def id_of(self, label: int | str) -> int:
-        if isinstance(label, int) and not isinstance(label, bool):
+        if is_integer(label):
             if not 0 <= label < len(self.names):
                 raise ValueError(f"label id {label} is outside 0..{len(self.names) - 1}")
             return label

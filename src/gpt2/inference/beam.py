@@ -27,8 +27,9 @@ import torch
 import torch.nn.functional as F
 
 from gpt2.cpu.decoder import native_decoder
+from gpt2.inference.checks import check_stop_ids
 from gpt2.inference.processors import LogitsProcessor, apply_processors, build_processors
-from gpt2.inference.prompt import DecodeOptions, check_id_list, check_prompt, prefill, truncated_prompt
+from gpt2.inference.prompt import DecodeOptions, check_prompt, prefill, truncated_prompt
 from gpt2.inference.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ def beam_search(
     options = options or DecodeOptions()
     K, n = params.num_beams, params.n
     check_prompt(model, idx, attention_mask, options.truncate)
-    stop_ids = check_id_list("stop_token_ids", params.stop_token_ids, config.vocab_size)
+    stop_ids = check_stop_ids(params.stop_token_ids, config.vocab_size)
     device = model.transformer.wte.weight.device
     idx = truncated_prompt(model, idx, options.truncate).to(device)
     B, T = idx.shape

@@ -41,10 +41,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gpt2.config import is_integer
 from gpt2.cpu.decoder import native_decoder
 from gpt2.inference.beam import beam_search
+from gpt2.inference.checks import check_ids, check_prompt_ids, check_stop_ids
 from gpt2.inference.processors import LogitsProcessor, apply_processors, build_processors, with_end_of_text
-from gpt2.inference.prompt import DecodeOptions, Truncate, check_id_list, check_prompt, prefill, truncated_prompt
+from gpt2.inference.prompt import DecodeOptions, Truncate, check_prompt, prefill, truncated_prompt
 from gpt2.inference.sampling import Generators, SamplingParams, sample_next_token
 from gpt2.inference.structured import structured_processor
 from gpt2.inference.text import TextAssembler
@@ -59,8 +61,10 @@ __all__ = [
     "generate",
     "generate_texts",
     "left_pad",
+    "prompt_ids",
     "stream",
     "stream_text",
+    "text_params",
     "text_pieces",
 ]
 
@@ -116,7 +120,7 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, **options: Any)
     unknown = set(options) - _PARAMS_FIELDS - _OPTION_FIELDS - set(_STREAM_KEYWORDS)
     if unknown:
         raise ValueError(f"unknown generation option(s) {sorted(unknown)}: see SamplingParams and DecodeOptions")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+    if not is_integer(max_new_tokens) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
     params = SamplingParams(max_tokens=max_new_tokens, **{k: v for k, v in options.items() if k in _PARAMS_FIELDS})
     decode = DecodeOptions(**{k: v for k, v in options.items() if k in _OPTION_FIELDS})
@@ -160,21 +164,8 @@ def stream(
     """
     config = model.config
     options = options or DecodeOptions()
-    if params.num_beams > 1:
-        raise ValueError("num_beams > 1 is beam search, which returns whole beams: call generate or beam_search")
-    if params.seed is not None and generator is not None:
-        raise ValueError("pass either seed or generator, not both (a seed makes a fresh generator)")
     check_prompt(model, idx, attention_mask, options.truncate)
-    slide_by = config.block_size // DEFAULT_SLIDE_FRACTION if options.slide_by is None else options.slide_by
-    if isinstance(slide_by, bool) or not isinstance(slide_by, int) or not 0 <= slide_by < config.block_size:
-        raise ValueError(f"slide_by must be an integer in [0, block_size={config.block_size}), got {slide_by!r}")
-    stop_ids = check_id_list("stop_token_ids", params.stop_token_ids, config.vocab_size)
-    stop_seqs = [check_id_list("stop_sequences", sequence, config.vocab_size) for sequence in options.stop_sequences]
-    stopping = bool(stop_ids or stop_seqs)
-    pad_token_id = options.pad_token_id
-    if pad_token_id is None:
-        pad_token_id = stop_ids[0] if stop_ids else 0
-    check_id_list("pad_token_id", [pad_token_id], config.vocab_size)
+    slide_by, stop_settings = _check_stream(model, params, generator, options)
     max_new_tokens = params.max_tokens
     if max_new_tokens == 0:
         return
@@ -182,11 +173,7 @@ def stream(
     device = model.transformer.wte.weight.device
     if params.seed is not None:
         generator = torch.Generator(device=device).manual_seed(params.seed)
-    idx = truncated_prompt(model, idx, options.truncate).to(device)
-    if attention_mask is not None:
-        attention_mask = attention_mask[:, -idx.size(1) :].to(device)
-        if bool(attention_mask.all()):
-            attention_mask = None  # no padding: the plain causal fast path, no mask built per step
+    idx, attention_mask = _prompt_on(device, model, idx, attention_mask, options.truncate)
     B, T = idx.shape
     padding = (1 - attention_mask).sum(dim=1) if attention_mask is not None else None  # (B,) pad columns
     rules = build_processors(
@@ -201,27 +188,10 @@ def stream(
     if attention_mask is not None:
         mask = torch.ones(B, T + max_new_tokens, dtype=torch.long, device=device)  # generated tokens are real
         mask[:, :T] = attention_mask
-    stop_ids_tensor = torch.tensor(stop_ids, dtype=torch.long, device=device)
-    stop_seq_tensors = [torch.tensor(sequence, dtype=torch.long, device=device) for sequence in stop_seqs]
-    finished = torch.zeros(B, dtype=torch.bool, device=device)
+    stops = _Stops(*stop_settings, B=B, device=device)
 
-    cache = model.new_kv_cache(B, max_len=min(config.block_size, T + max_new_tokens))
-    decode_step: Callable[..., Any] = model.forward
-    if options.compile:
-        decode_step = torch.compile(model.forward, dynamic=True)
-    decoder = native_decoder(model) if options.native is not False and not options.compile else None
-    if options.native and decoder is None:
-        raise ValueError(
-            "native decoding cannot run this model (it needs a CPU model in eval mode with float32/bfloat16 "
-            "nn.Linear or NativeLinear layers, and the native kernels built); pass native=None or False"
-        )
-    if options.native is None and decoder is not None and not decoder.takes(B):
-        decoder = None  # this many rows step faster through the model (FLOAT32_MAX_ROWS)
-
-    # prefill: the whole prompt (at most block_size columns) in one pass
-    logits = prefill(model, tokens, mask, start=0, end=T, cache=cache)
-    window_start = 0  # the cache holds columns [window_start, window_start + cache.length)
-    positions = mask[:, :T].sum(dim=1, keepdim=True) if mask is not None else None  # (B, 1): next position
+    window = _Window(model, tokens, mask, slide_by, options)
+    logits = window.prefill(T)  # the whole prompt (at most block_size columns) in one pass
     n = T  # columns filled
     for step in range(max_new_tokens):
         if rules:
@@ -229,37 +199,128 @@ def stream(
         next_token = sample_next_token(
             logits, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, generator=generator
         )
-        if stopping:
-            next_token = next_token.masked_fill(finished, pad_token_id)
+        next_token = stops.padded(next_token)
         tokens[:, n] = next_token
         n += 1
-        if stopping:
-            finished |= torch.isin(next_token, stop_ids_tensor)
-            for sequence in stop_seq_tensors:
-                if n >= len(sequence):
-                    finished |= (tokens[:, n - len(sequence) : n] == sequence).all(dim=1)
+        stops.update(tokens, n)
         yield next_token
-        if step == max_new_tokens - 1 or (stopping and bool(finished.all())):
+        if step == max_new_tokens - 1 or stops.all_finished():
             return
-        if cache.length == cache.max_len:
-            # Full window: re-prefill the last W columns at positions [0, W) (module docstring).
-            window_start = n - (config.block_size - slide_by)
-            cache.reset()
-            logits = prefill(model, tokens, mask, start=window_start, end=n, cache=cache)
-            if mask is not None:
-                positions = mask[:, window_start:n].sum(dim=1, keepdim=True)
-            continue
-        # decode: feed the token just drawn at the next position; (B, 1, V) -> last logits (B, V)
-        step_mask = mask[:, window_start:n] if mask is not None else None
-        if decoder is not None:
-            step_positions = positions.view(B) if positions is not None else None
-            logits = decoder.step(tokens[:, n - 1], cache, positions=step_positions, key_mask=step_mask)
-        else:
-            logits = decode_step(
-                tokens[:, n - 1 : n], attention_mask=step_mask, position_ids=positions, kv_cache=cache, validate=False
-            ).logits[:, -1]
+        logits = window.feed(n)
+
+
+def _check_stream(
+    model: GPT, params: SamplingParams, generator: Generators, options: DecodeOptions
+) -> tuple[int, tuple[list[int], list[list[int]], int]]:
+    """stream's settings checked: the window's slide, and the stops (stop ids, stop sequences, the pad id)."""
+    config = model.config
+    if params.num_beams > 1:
+        raise ValueError("num_beams > 1 is beam search, which returns whole beams: call generate or beam_search")
+    if params.seed is not None and generator is not None:
+        raise ValueError("pass either seed or generator, not both (a seed makes a fresh generator)")
+    slide_by = config.block_size // DEFAULT_SLIDE_FRACTION if options.slide_by is None else options.slide_by
+    if not is_integer(slide_by) or not 0 <= slide_by < config.block_size:
+        raise ValueError(f"slide_by must be an integer in [0, block_size={config.block_size}), got {slide_by!r}")
+    stop_ids = check_stop_ids(params.stop_token_ids, config.vocab_size)
+    stop_seqs = [check_ids("stop_sequences", sequence, config.vocab_size) for sequence in options.stop_sequences]
+    pad_token_id = options.pad_token_id
+    if pad_token_id is None:
+        pad_token_id = stop_ids[0] if stop_ids else 0
+    check_ids("pad_token_id", [pad_token_id], config.vocab_size)
+    return slide_by, (stop_ids, stop_seqs, pad_token_id)
+
+
+def _prompt_on(
+    device: torch.device, model: GPT, idx: torch.Tensor, attention_mask: torch.Tensor | None, truncate: Truncate
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The (checked) prompt (B, T) on `device`, truncated as asked, and its mask (None when nothing is padding)."""
+    idx = truncated_prompt(model, idx, truncate).to(device)
+    if attention_mask is not None:
+        attention_mask = attention_mask[:, -idx.size(1) :].to(device)
+        if bool(attention_mask.all()):
+            attention_mask = None  # no padding: the plain causal fast path, no mask built per step
+    return idx, attention_mask
+
+
+class _Stops:
+    """Which rows of a batch have stopped (after a stop id, or the last token of a stop sequence); a stopped row
+    receives the pad id from then on."""
+
+    def __init__(self, ids: list[int], sequences: list[list[int]], pad: int, *, B: int, device: torch.device) -> None:
+        self.active = bool(ids or sequences)
+        self.ids = torch.tensor(ids, dtype=torch.long, device=device)
+        self.sequences = [torch.tensor(sequence, dtype=torch.long, device=device) for sequence in sequences]
+        self.pad = pad
+        self.finished = torch.zeros(B, dtype=torch.bool, device=device)  # (B,)
+
+    def padded(self, next_token: torch.Tensor) -> torch.Tensor:
+        """next_token (B,) with the pad id in the rows that have stopped."""
+        return next_token.masked_fill(self.finished, self.pad) if self.active else next_token
+
+    def update(self, tokens: torch.Tensor, n: int) -> None:
+        """Mark the rows whose tokens (B, N), filled up to column n, end in a stop."""
+        if not self.active:
+            return
+        self.finished |= torch.isin(tokens[:, n - 1], self.ids)
+        for sequence in self.sequences:
+            if n >= len(sequence):
+                self.finished |= (tokens[:, n - len(sequence) : n] == sequence).all(dim=1)
+
+    def all_finished(self) -> bool:
+        return self.active and bool(self.finished.all())
+
+
+class _Window:
+    """The KV cache's window over the columns so far, `tokens` (B, N) and their mask: the prompt's prefill, then
+    each new column fed by a decode step (the native decoder where it runs the model's rows: options.native None
+    where it can and is faster, True required, False never), and on a full cache the re-prefill of the last
+    block_size - slide_by columns at positions [0, W) (module docstring)."""
+
+    def __init__(
+        self, model: GPT, tokens: torch.Tensor, mask: torch.Tensor | None, slide_by: int, options: DecodeOptions
+    ) -> None:
+        B = tokens.size(0)
+        self.model, self.tokens, self.mask, self.slide_by = model, tokens, mask, slide_by
+        self.cache = model.new_kv_cache(B, max_len=min(model.config.block_size, tokens.size(1)))
+        self.start = 0  # the cache holds columns [start, start + cache.length)
+        self.positions: torch.Tensor | None = None  # (B, 1): each row's next position, with padding
+        self.decode_step: Callable[..., Any] = model.forward
+        if options.compile:
+            self.decode_step = torch.compile(model.forward, dynamic=True)
+        self.decoder = native_decoder(model) if options.native is not False and not options.compile else None
+        if options.native and self.decoder is None:
+            raise ValueError(
+                "native decoding cannot run this model (it needs a CPU model in eval mode with float32/bfloat16 "
+                "nn.Linear or NativeLinear layers, and the native kernels built); pass native=None or False"
+            )
+        if options.native is None and self.decoder is not None and not self.decoder.takes(B):
+            self.decoder = None  # this many rows step faster through the model (FLOAT32_MAX_ROWS)
+
+    def prefill(self, end: int) -> torch.Tensor:
+        """Prefill columns [start, end) into the emptied cache; the last column's logits (B, V)."""
+        self.cache.reset()
+        if self.mask is not None:
+            self.positions = self.mask[:, self.start : end].sum(dim=1, keepdim=True)
+        return prefill(self.model, self.tokens, self.mask, start=self.start, end=end, cache=self.cache)
+
+    def feed(self, n: int) -> torch.Tensor:
+        """Feed column n - 1 (the token just drawn); the logits (B, V) after it."""
+        cache, mask, positions = self.cache, self.mask, self.positions
+        if cache.length == cache.max_len:  # full: re-prefill the last W columns
+            self.start = n - (self.model.config.block_size - self.slide_by)
+            return self.prefill(n)
+        step_mask = mask[:, self.start : n] if mask is not None else None
+        if self.decoder is not None:
+            step_positions = positions.view(-1) if positions is not None else None
+            logits = self.decoder.step(self.tokens[:, n - 1], cache, positions=step_positions, key_mask=step_mask)
+        else:  # (B, 1) -> (B, 1, V) -> the last logits (B, V)
+            logits = self.decode_step(
+                self.tokens[:, n - 1 : n], attention_mask=step_mask, position_ids=positions, kv_cache=cache,
+                validate=False,
+            ).logits[:, -1]  # fmt: skip
         if positions is not None:
-            positions = positions + 1
+            self.positions = positions + 1
+        return logits
 
 
 # ------------------------------------------------------------------------------------------ text
@@ -289,8 +350,8 @@ def stream_text(
     >>> "".join(pieces) == "".join(stream_text(model, ByteTokenizer(), "Once upon a time", params))
     True
     """
-    ids = _prompt_ids(tokenizer, prompt)
-    params, stop_ids = _text_params(model, tokenizer, params)
+    ids = prompt_ids(model, tokenizer, prompt)
+    params, stop_ids = text_params(model, tokenizer, params)
     device = model.transformer.wte.weight.device
     options = DecodeOptions(vocab_limit=len(tokenizer), **engine_options)
     grammar = structured_processor(params, tokenizer)  # regex / json_schema: a grammar mask, else None
@@ -319,8 +380,8 @@ def generate_texts(
     """
     if isinstance(prompts, str) or len(prompts) == 0:
         raise ValueError("generate_texts needs a list of prompts (texts or token id lists), got " + repr(prompts)[:40])
-    ids = [_prompt_ids(tokenizer, prompt) for prompt in prompts]
-    params, stop_ids = _text_params(model, tokenizer, params)
+    ids = [prompt_ids(model, tokenizer, prompt) for prompt in prompts]
+    params, stop_ids = text_params(model, tokenizer, params)
     device = model.transformer.wte.weight.device
     pad = stop_ids[0] if stop_ids else 0
     options = DecodeOptions(vocab_limit=len(tokenizer), pad_token_id=pad, **engine_options)
@@ -361,16 +422,18 @@ def text_pieces(
         yield rest
 
 
-def _prompt_ids(tokenizer: TextTokenizer, prompt: str | Sequence[int]) -> list[int]:
+def prompt_ids(model: GPT, tokenizer: TextTokenizer, prompt: str | Sequence[int]) -> list[int]:
+    """A text path's prompt as token ids (a text encoded, ids checked: `check_prompt_ids`; any length, as the
+    decoders truncate or refuse a long one themselves)."""
     ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-    if not ids:
-        raise ValueError("the prompt encodes to no tokens; pass some text (or use the end-of-text token as a start)")
-    return ids
+    return check_prompt_ids(ids, model.config.vocab_size)
 
 
-def _text_params(model: GPT, tokenizer: TextTokenizer, params: SamplingParams) -> tuple[SamplingParams, list[int]]:
+def text_params(model: GPT, tokenizer: TextTokenizer, params: SamplingParams) -> tuple[SamplingParams, list[int]]:
     """params as the text paths decode with (end-of-text first among the stop ids, bad-word texts as ids), and
-    those stop ids the model can produce."""
+    those stop ids. The caller's stop ids must be the model's (`check_stop_ids`); end-of-text is added only when
+    the model has it (a model trained on fewer tokens than its tokenizer's)."""
+    check_stop_ids(params.stop_token_ids, model.config.vocab_size)
     params = with_end_of_text(params, tokenizer)
     stop_ids = [token for token in params.stop_token_ids if token < model.config.vocab_size]
     return params.replace(stop_token_ids=tuple(stop_ids)), stop_ids

@@ -6,12 +6,12 @@ Notation: B = batch size, T = prompt length (columns, padding included), V = voc
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from gpt2.config import is_integer
 from gpt2.model import check_token_ids
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ class DecodeOptions:
         if self.truncate not in (None, "left"):
             raise ValueError(f"truncate must be None (error on a too-long prompt) or 'left', got {self.truncate!r}")
         limit = self.vocab_limit
-        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        if limit is not None and (not is_integer(limit) or limit < 1):
             raise ValueError(f"vocab_limit must be a positive integer (the tokenizer's size), got {limit!r}")
         if any(len(sequence) == 0 for sequence in self.stop_sequences):
             raise ValueError("stop_sequences contains an empty sequence; every stop sequence needs a token")
@@ -97,12 +97,3 @@ def check_prompt(model: GPT, idx: Any, attention_mask: Any, truncate: Truncate) 
             "attention_mask must describe left padding (0s then 1s in every row, last column 1): generation "
             "continues after the last column; build the batch with gpt2.inference.generation.left_pad"
         )
-
-
-def check_id_list(name: str, ids: Iterable[int] | None, vocab_size: int) -> list[int]:
-    """ids as a list, each checked to be a token id in [0, vocab_size); an error names `name` and the value."""
-    values = [] if ids is None else list(ids)
-    for value in values:
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
-            raise ValueError(f"{name} holds {value!r}, which is not a token id in [0, {vocab_size})")
-    return values

@@ -16,6 +16,8 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
+from gpt2.config import is_integer
+
 # top-p counts a cumulative mass within this of p as having reached p: probabilities summed in float32 are
 # off by ~1e-7, and a mass of exactly p must not pull in the next token because of it.
 TOP_P_TOLERANCE = 1e-6
@@ -26,10 +28,6 @@ GREEDY_BELOW_TEMPERATURE = 1e-5
 PENALTY_RANGE = 2.0  # presence and frequency penalties lie in [-2, 2], as in OpenAI's API
 LOGIT_BIAS_RANGE = 100.0  # a logit bias lies in [-100, 100], as in OpenAI's API
 EarlyStopping = bool | Literal["never"]
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_number(value: Any) -> bool:
@@ -118,51 +116,51 @@ class SamplingParams:
             object.__setattr__(self, "bad_words", words)
         if isinstance(self.logit_bias, Mapping):
             object.__setattr__(self, "logit_bias", dict(self.logit_bias))
-        if not _is_int(self.max_tokens) or self.max_tokens < 0:
+        if not is_integer(self.max_tokens) or self.max_tokens < 0:
             raise ValueError(f"max_tokens must be an integer >= 0, got {self.max_tokens!r}")
         if not _is_number(self.temperature) or not self.temperature >= 0:
             raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {self.temperature!r}")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}; use 1.0 to disable nucleus filtering")
-        if self.top_k is not None and (not _is_int(self.top_k) or self.top_k < 1):
+        if self.top_k is not None and (not is_integer(self.top_k) or self.top_k < 1):
             raise ValueError(f"top_k must be an integer >= 1, got {self.top_k!r}; use None to disable top-k filtering")
         if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be a number in [0, 1], got {self.min_p!r}; use 0 to disable it")
         if not all(isinstance(text, str) and text for text in self.stop):
             raise ValueError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
-        if not all(_is_int(token) and token >= 0 for token in self.stop_token_ids):
+        if not all(is_integer(token) and token >= 0 for token in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be token ids (integers >= 0), got {self.stop_token_ids!r}")
-        if self.seed is not None and not _is_int(self.seed):
+        if self.seed is not None and not is_integer(self.seed):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
-        if not _is_int(self.n) or self.n < 1:
+        if not is_integer(self.n) or self.n < 1:
             raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
         self._check_rules()
         self._check_beams()
         if self.regex is not None or self.json_schema is not None:
-            from gpt2.inference.structured import check_structured  # the grammar library loads only when asked
+            from gpt2.inference.structured import check_structured  # its form; the grammar is checked when compiled
 
             check_structured(self.regex, self.json_schema)
 
     def _check_rules(self) -> None:
         if not _is_finite(self.repetition_penalty) or self.repetition_penalty <= 0:
             raise ValueError(f"repetition_penalty must be a number > 0 (1.0: off), got {self.repetition_penalty!r}")
-        if not _is_int(self.no_repeat_ngram_size) or self.no_repeat_ngram_size < 0:
+        if not is_integer(self.no_repeat_ngram_size) or self.no_repeat_ngram_size < 0:
             raise ValueError(
                 f"no_repeat_ngram_size must be an integer >= 0 (0: off), got {self.no_repeat_ngram_size!r}"
             )
-        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+        if not is_integer(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
             raise ValueError(
                 f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}"
             )
         for word in self.bad_words:
             if isinstance(word, str) and word:
                 continue
-            if not isinstance(word, tuple) or not word or not all(_is_int(token) and token >= 0 for token in word):
+            if not isinstance(word, tuple) or not word or not all(is_integer(token) and token >= 0 for token in word):
                 raise ValueError(f"bad_words must hold non-empty texts or non-empty lists of token ids, got {word!r}")
         if not isinstance(self.logit_bias, Mapping):
             raise ValueError(f"logit_bias must map token ids to numbers, got {self.logit_bias!r}")
         for token, bias in self.logit_bias.items():
-            if not _is_int(token) or token < 0:
+            if not is_integer(token) or token < 0:
                 raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
             if not _is_finite(bias) or not -LOGIT_BIAS_RANGE <= bias <= LOGIT_BIAS_RANGE:
                 raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {bias!r} for token {token}")
@@ -172,7 +170,7 @@ class SamplingParams:
                 raise ValueError(f"{name} must be a number in [-2, 2], got {value!r}")
 
     def _check_beams(self) -> None:
-        if not _is_int(self.num_beams) or self.num_beams < 1:
+        if not is_integer(self.num_beams) or self.num_beams < 1:
             raise ValueError(f"num_beams must be an integer >= 1 (1: no beam search), got {self.num_beams!r}")
         if not _is_finite(self.length_penalty):
             raise ValueError(f"length_penalty must be a finite number, got {self.length_penalty!r}")

@@ -40,8 +40,12 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 import torch.nn.functional as F
 
+from gpt2.config import is_integer
 from gpt2.cpu.decoder import NativeDecoder, native_decoder
-from gpt2.inference.generation import DEFAULT_SLIDE_FRACTION, text_pieces
+from gpt2.inference.checks import check_prompt_ids, check_stop_ids
+from gpt2.inference.generation import DEFAULT_SLIDE_FRACTION, prompt_ids, text_params, text_pieces
+from gpt2.inference.processors import build_processors
+from gpt2.inference.prompt import DecodeOptions
 from gpt2.inference.sampling import SamplingParams, draw, filtered_probs, is_greedy, sample_next_token
 from gpt2.tokenizer.protocol import TextTokenizer
 
@@ -93,7 +97,7 @@ class _CachedModel:
         self.model = model
         block_size = model.config.block_size
         self.slide_by = block_size // DEFAULT_SLIDE_FRACTION if slide_by is None else slide_by
-        if isinstance(self.slide_by, bool) or not isinstance(self.slide_by, int) or not 0 <= self.slide_by < block_size:
+        if not is_integer(self.slide_by) or not 0 <= self.slide_by < block_size:
             raise ValueError(f"slide_by must be an integer in [0, block_size={block_size}), got {slide_by!r}")
         self.cache = model.new_kv_cache(1)
         self.start = 0
@@ -190,7 +194,7 @@ class PromptLookup:
     _proposed: tuple[int, int] = field(default=(0, 0), init=False, repr=False)  # (n, drafts) of the last proposal
 
     def __post_init__(self) -> None:
-        if isinstance(self.num_tokens, bool) or not isinstance(self.num_tokens, int) or self.num_tokens < 1:
+        if not is_integer(self.num_tokens) or self.num_tokens < 1:
             raise ValueError(f"prompt lookup num_tokens must be an integer >= 1, got {self.num_tokens!r}")
         if not 1 <= self.min_ngram <= self.max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram} and {self.max_ngram}")
@@ -240,7 +244,7 @@ class DraftModel:
     _state: _CachedModel | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.num_tokens, bool) or not isinstance(self.num_tokens, int) or self.num_tokens < 1:
+        if not is_integer(self.num_tokens) or self.num_tokens < 1:
             raise ValueError(f"draft num_tokens must be an integer >= 1, got {self.num_tokens!r}")
         if not 0 <= self.confidence < 1:
             raise ValueError(f"draft confidence must be in [0, 1), got {self.confidence!r}")
@@ -298,80 +302,83 @@ class SpeculationStats:
 def speculative_stream(
     model: GPT,
     prompt: Sequence[int] | torch.Tensor,
-    max_new_tokens: int,
+    params: SamplingParams,
     drafter: Drafter,
     *,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int | None = None,
     generator: torch.Generator | None = None,
-    stop_token_ids: Sequence[int] = (),
-    vocab_limit: int | None = None,
-    slide_by: int | None = None,
-    native: bool = True,
+    options: DecodeOptions | None = None,
     stats: SpeculationStats | None = None,
 ) -> Iterator[int]:
     """Yield the continuation of one prompt (token ids) token by token, each token verified by `model`.
 
-    The sampling options mean what they mean in `gpt2.inference.generation.stream`; the tokens are those plain
-    decoding gives (greedy) or distributed as they are (sampling), module docstring. Ends after an id in
-    stop_token_ids (yielded) or max_new_tokens tokens. vocab_limit: never draw ids >= this. native: run the
-    verifications and the draft model's steps (spans of up to NATIVE_SPAN tokens) in the native decoder where it can.
-    stats: filled in with the counts of drafted and accepted tokens.
+    params: what to draw, as in `gpt2.inference.generation.stream` (temperature, top_k, top_p, seed or
+    `generator`, stop_token_ids, max_tokens; no decoding rules: those sequences decode with `stream`); the tokens
+    are those plain decoding gives (greedy) or distributed as they are (sampling), module docstring. Ends after a
+    stop id (yielded) or params.max_tokens tokens. options: DecodeOptions' vocab_limit (never draw ids >= this),
+    slide_by, and native (False: never run the verifications and the draft model's steps, spans of up to
+    NATIVE_SPAN tokens, in the native decoder; otherwise where it can). stats: filled in with the counts of
+    drafted and accepted tokens.
 
     >>> from gpt2 import GPT, GPTConfig
     >>> from gpt2.inference import stream
-    >>> from gpt2.inference.sampling import SamplingParams
     >>> model = GPT(GPTConfig.from_name("gpt2-tiny", vocab_size=257)).eval()
-    >>> prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
-    >>> tokens = list(speculative_stream(model, prompt, 20, PromptLookup(), temperature=0))
-    >>> plain = [int(t[0]) for t in stream(model, torch.tensor([prompt]), SamplingParams(max_tokens=20, temperature=0))]
+    >>> prompt, params = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2], SamplingParams(max_tokens=20, temperature=0)
+    >>> tokens = list(speculative_stream(model, prompt, params, PromptLookup()))
+    >>> plain = [int(t[0]) for t in stream(model, torch.tensor([prompt]), params)]
     >>> tokens == plain  # greedy: exactly plain decoding's tokens
     True
     """
-    SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p or 1.0, seed=seed)
-    if seed is not None and generator is not None:
+    options = options or DecodeOptions()
+    ids, vocab = _check_request(model, prompt, params, drafter, options)
+    if params.seed is not None and generator is not None:
         raise ValueError("pass either seed or generator, not both (a seed makes a fresh generator)")
-    ids = prompt.view(-1).tolist() if isinstance(prompt, torch.Tensor) else list(prompt)
+    device = model.transformer.wte.weight.device
+    if params.seed is not None:
+        generator = torch.Generator(device=device).manual_seed(params.seed)
+    stats = stats if stats is not None else SpeculationStats()
+    stops = set(check_stop_ids(params.stop_token_ids, model.config.vocab_size))
+    sampler = Sampler(params.temperature, params.top_k, params.top_p)
+
+    native = options.native is not False
+    target = _CachedModel(model, slide_by=options.slide_by, native=native)
+    drafter.start(slide_by=options.slide_by, native=native)
+    max_draft = min(target.max_draft, drafter.max_draft())
+    tokens = torch.zeros(len(ids) + params.max_tokens + max_draft + 1, dtype=torch.long, device=device)
+    n = len(ids)
+    tokens[:n] = torch.tensor(ids, dtype=torch.long)
+    speculator = Speculator(target, drafter, stats)
+    while n - len(ids) < params.max_tokens:
+        k = draft_length(max_draft, params.max_tokens - (n - len(ids)))
+        for token in speculator.step(tokens, n, k, sampler, vocab, generator):
+            tokens[n] = token
+            n += 1
+            stats.generated += 1
+            yield token
+            if token in stops:
+                return
+
+
+def _check_request(
+    model: GPT, prompt: Sequence[int] | torch.Tensor, params: SamplingParams, drafter: Drafter, options: DecodeOptions
+) -> tuple[list[int], int]:
+    """speculative_stream's input checked: the prompt's ids and the vocabulary drafts come from."""
+    if options.truncate or options.compile or options.pad_token_id is not None or options.stop_sequences:
+        raise ValueError("speculative decoding takes DecodeOptions' vocab_limit, slide_by and native only")
+    if params.num_beams > 1 or build_processors(params, prompt_length=0, vocab_size=model.config.vocab_size):
+        raise ValueError("speculative decoding draws without decoding rules or beams: decode those with stream")
+    if params.regex is not None or params.json_schema is not None:
+        raise ValueError("speculative decoding draws without a grammar: decode structured output with stream_text")
     config = model.config
-    vocab = config.vocab_size if vocab_limit is None else min(vocab_limit, config.vocab_size)
-    if not ids:
-        raise ValueError("the prompt holds no tokens; every prompt needs at least one")
-    if any(not isinstance(token, int) or not 0 <= token < vocab for token in ids):
-        raise ValueError(f"the prompt holds ids outside the vocabulary [0, {vocab}); check the tokenizer")
-    if len(ids) > config.block_size:
-        raise ValueError(f"prompt of {len(ids)} tokens exceeds the model's context block_size={config.block_size}")
+    limit = options.vocab_limit
+    vocab = config.vocab_size if limit is None else min(limit, config.vocab_size)
+    raw = prompt.view(-1).tolist() if isinstance(prompt, torch.Tensor) else list(prompt)
+    ids = check_prompt_ids(raw, vocab, config.block_size)
     if isinstance(drafter, DraftModel) and drafter.model.config.vocab_size < vocab:
         raise ValueError(
             f"the draft model has {drafter.model.config.vocab_size} tokens, the target {vocab}: a draft model "
             "must share the target's tokenizer"
         )
-    sampler = Sampler(temperature, top_k, top_p)
-    device = model.transformer.wte.weight.device
-    if seed is not None:
-        generator = torch.Generator(device=device).manual_seed(seed)
-    stats = stats if stats is not None else SpeculationStats()
-    stops = set(stop_token_ids)
-
-    target = _CachedModel(model, slide_by=slide_by, native=native)
-    drafter.start(slide_by=slide_by, native=native)
-    max_draft = min(target.max_draft, drafter.max_draft())
-    tokens = torch.zeros(len(ids) + max_new_tokens + max_draft + 1, dtype=torch.long, device=device)
-    n = len(ids)
-    tokens[:n] = torch.tensor(ids, dtype=torch.long)
-    produced = 0
-    speculator = Speculator(target, drafter, stats)
-    while produced < max_new_tokens:
-        k = draft_length(max_draft, max_new_tokens - produced)
-        for token in speculator.step(tokens, n, k, sampler, vocab, generator):
-            tokens[n] = token
-            n += 1
-            produced += 1
-            stats.generated += 1
-            yield token
-            if token in stops:
-                return
+    return ids, vocab
 
 
 def draft_length(max_draft: int, remaining: int) -> int:
@@ -452,22 +459,8 @@ def speculative_text(
 ) -> Iterator[str]:
     """`gpt2.inference.generation.stream_text` with speculative decoding: the same text pieces, stops and end of
     text, each token verified by `model` (greedy: the same text as stream_text's within the context window)."""
-    ids = tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-    if not ids:
-        raise ValueError("the prompt encodes to no tokens; pass some text (or use the end-of-text token as a start)")
-    stop_ids = [token for token in (tokenizer.eot_token, *params.stop_token_ids) if token < model.config.vocab_size]
-    tokens = speculative_stream(
-        model,
-        ids,
-        params.max_tokens,
-        drafter,
-        temperature=params.temperature,
-        top_k=params.top_k,
-        top_p=params.top_p,
-        seed=params.seed,
-        stop_token_ids=stop_ids,
-        vocab_limit=len(tokenizer),
-        slide_by=slide_by,
-        stats=stats,
-    )
+    ids = prompt_ids(model, tokenizer, prompt)
+    params, stop_ids = text_params(model, tokenizer, params)
+    options = DecodeOptions(vocab_limit=len(tokenizer), slide_by=slide_by)
+    tokens = speculative_stream(model, ids, params, drafter, options=options, stats=stats)
     yield from text_pieces(tokenizer, tokens, stop_ids, params.stop)  # the same text layer as stream_text

@@ -107,23 +107,16 @@ def schema_text(json_schema: Mapping[str, Any] | str) -> str:
 
 
 def check_structured(regex: str | None, json_schema: Mapping[str, Any] | str | None) -> None:
-    """Raise a one-line ValueError with the grammar library's reason when the regex or the schema is invalid
-    (what SamplingParams calls at construction)."""
+    """Raise a one-line ValueError when the grammar fields are malformed: both given, an empty regex, a schema
+    that is not a JSON object (what SamplingParams calls at construction). Cheap on purpose: whether the grammar
+    itself is valid is found when it is compiled (`GrammarCompiler.compile`), as parsing a deep schema can take
+    as long as compiling it."""
     if regex is not None and json_schema is not None:
         raise ValueError("pass either regex or json_schema, not both")
     if regex is not None and (not isinstance(regex, str) or not regex):
         raise ValueError(f"regex must be a non-empty string, got {regex!r}")
-    if regex is None and json_schema is None:
-        return
-    xgr = _xgrammar()
-    try:
-        if regex is not None:
-            xgr.Grammar.from_regex(regex)
-        else:
-            xgr.Grammar.from_json_schema(schema_text(json_schema), any_whitespace=False)  # type: ignore[arg-type]
-    except RuntimeError as err:
-        what = "regex" if regex is not None else "json_schema"
-        raise ValueError(f"invalid {what}: {_reason(err)}") from err
+    if json_schema is not None:
+        schema_text(json_schema)
 
 
 class GrammarCompiler:
@@ -144,16 +137,22 @@ class GrammarCompiler:
         self._compiler = xgr.GrammarCompiler(info)
 
     def compile(self, *, regex: str | None = None, json_schema: Mapping[str, Any] | str | None = None) -> Any:
-        """The compiled grammar of a regex or a JSON schema (cached by xgrammar's compiler)."""
+        """The compiled grammar of a regex or a JSON schema (cached by xgrammar's compiler); a one-line ValueError
+        with the library's reason when the grammar is invalid. Thread-safe; xgrammar releases the GIL while it
+        compiles, so a compile on a worker thread leaves the others running."""
         check_structured(regex, json_schema)
-        if regex is not None:
-            return self._compiler.compile_regex(regex)
-        assert json_schema is not None, "pass regex or json_schema"
-        text = json_schema if isinstance(json_schema, str) else schema_text(json_schema)
-        schema = bounded_schema(json.loads(text))
-        # no free whitespace: a model could otherwise pad the JSON with spaces until max_tokens
-        grammar = self._xgr.Grammar.from_json_schema(schema_text(schema), any_whitespace=False)
-        return self._compiler.compile_grammar(bounded_ebnf(str(grammar)))
+        try:
+            if regex is not None:
+                return self._compiler.compile_regex(regex)
+            assert json_schema is not None, "pass regex or json_schema"
+            text = json_schema if isinstance(json_schema, str) else schema_text(json_schema)
+            schema = bounded_schema(json.loads(text))
+            # no free whitespace: a model could otherwise pad the JSON with spaces until max_tokens
+            grammar = self._xgr.Grammar.from_json_schema(schema_text(schema), any_whitespace=False)
+            return self._compiler.compile_grammar(bounded_ebnf(str(grammar)))
+        except RuntimeError as err:  # xgrammar's parse errors
+            what = "regex" if regex is not None else "json_schema"
+            raise ValueError(f"invalid {what}: {_reason(err)}") from err
 
 
 class GrammarMask:

@@ -18,6 +18,7 @@ of the connection; the engine frees their rows at the next step.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import logging
@@ -38,6 +39,7 @@ from gpt2.inference.embedding import embed
 from gpt2.serve import Engine, EngineError, EngineFailed, EngineStopped, QueueFull, SequenceOutput, SequenceRequest
 from gpt2.serve.chat import ChatMessage
 from gpt2.serve.config import MEGABYTE, ServerConfig
+from gpt2.serve.grammar import GrammarCompilations
 from gpt2.serve.metrics import ServerMetrics
 from gpt2.serve.playground import PLAYGROUND_HTML
 from gpt2.serve.prefix_cache import PrefixCache
@@ -79,7 +81,6 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
         prefill_chunk=config.prefill_chunk,
         drafter=llm.new_drafter(),  # speculative steps for a lone sequence when the LLM has a draft / lookup
     )
-    service = _Service(llm, engine, config)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -90,6 +91,15 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
     app = FastAPI(title="gpt2", summary="OpenAI-compatible GPT-2", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.engine = engine
     app.state.config = config
+    _add_error_handlers(app)
+    service = _Service(llm, engine, config)
+    _add_service_routes(app, service)
+    _add_api_routes(app, service)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error as OpenAI-shaped JSON (module docstring)."""
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, error: APIError) -> JSONResponse:
@@ -111,7 +121,9 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
         body = APIError(500, "internal server error", type="server_error").body()
         return JSONResponse(body, status_code=500)
 
-    authorized = [Depends(service.authorize)]
+
+def _add_service_routes(app: FastAPI, service: _Service) -> None:
+    """The routes around the API, open without a key: health, metrics, the playground."""
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -121,6 +133,15 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
     async def metrics() -> Response:
         body, content_type = service.metrics.render()
         return Response(body, media_type=content_type)
+
+    @app.get("/", response_class=HTMLResponse)
+    async def playground() -> HTMLResponse:
+        return HTMLResponse(PLAYGROUND_HTML)
+
+
+def _add_api_routes(app: FastAPI, service: _Service) -> None:
+    """OpenAI's routes, behind the API key when one is set."""
+    authorized = [Depends(service.authorize)]
 
     @app.get("/v1/models", dependencies=authorized)
     async def models() -> dict[str, Any]:
@@ -140,12 +161,6 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
         return await service.chat(request)
 
     _add_token_routes(app, service, authorized)
-
-    @app.get("/", response_class=HTMLResponse)
-    async def playground() -> HTMLResponse:
-        return HTMLResponse(PLAYGROUND_HTML)
-
-    return app
 
 
 def _add_token_routes(app: FastAPI, service: _Service, authorized: list[Any]) -> None:
@@ -263,9 +278,19 @@ class _Service:
         self.created = now()
         self.logprobs = LogprobFormatter(llm.tokenizer)
         self.metrics = ServerMetrics(engine)
+        self.grammars = GrammarCompilations(engine.grammar_compiler, config.grammar_timeout)
 
-    def submit(self, requests: Sequence[SequenceRequest]) -> _Submission:
-        """Hand sequences to the engine (an APIError when it refuses them), counted in the metrics."""
+    async def submit(self, requests: Sequence[SequenceRequest]) -> _Submission:
+        """Hand sequences to the engine (an APIError when it refuses them), counted in the metrics. Their grammar,
+        if any (every sequence of a request has the same), is compiled first on a worker thread, within the
+        server's limit (gpt2.serve.grammar): the engine and the other requests go on meanwhile."""
+        params = requests[0].params
+        try:
+            grammar = await self.grammars.compile(params)
+        except ValueError as err:  # invalid, or past the limit
+            raise bad_request(str(err), "response_format") from err
+        if grammar is not None:
+            requests = [dataclasses.replace(request, grammar=grammar) for request in requests]
         return _Submission(self.engine, requests, self.config.retry_after_seconds, self.metrics)
 
     # ------------------------------------------------------------------------------------ plumbing
@@ -394,7 +419,7 @@ class _Service:
         prompts = await run_in_threadpool(lambda: [self.encode(prompt, "prompt") for prompt in parsed.prompts])
         n = parsed.params.n
         scoring = parsed.echo and parsed.logprobs is not None
-        submission = self.submit(self.sequences(parsed, prompts, prompt_logprobs=scoring))
+        submission = await self.submit(self.sequences(parsed, prompts, prompt_logprobs=scoring))
         choices = [SequenceOutput(index) for index in range(len(prompts) * n)]
         prompt_of = [prompts[index // n] for index in range(len(choices))]
         prompt_tokens = sum(len(prompt) for prompt in prompts)
@@ -480,7 +505,7 @@ class _Service:
         self.check_model(parsed.model)
         self.check_choices(parsed.params.n)
         prompt = await run_in_threadpool(self.encode_chat, parsed.messages)
-        submission = self.submit(self.sequences(parsed, [prompt]))
+        submission = await self.submit(self.sequences(parsed, [prompt]))
         choices = [SequenceOutput(index) for index in range(parsed.params.n)]
         response_id, created = new_id("chatcmpl"), now()
         if parsed.stream:

@@ -41,6 +41,7 @@ from collections.abc import Sequence
 
 import torch
 
+from gpt2.config import is_integer
 from gpt2.cpu.decoder import native_decoder
 from gpt2.inference.speculative import NATIVE_SPAN
 from gpt2.model import GPT, KVCache
@@ -62,7 +63,7 @@ class DecodeBatch:
     """
 
     def __init__(self, model: GPT, max_rows: int, *, prefix_cache: PrefixCache | None = None) -> None:
-        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+        if not is_integer(max_rows) or max_rows < 1:
             raise ValueError(f"max_rows must be an integer >= 1, got {max_rows!r}")
         self.model = model
         self.decoder = native_decoder(model)  # None: steps run the model

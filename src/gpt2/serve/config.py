@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpt2.config import is_integer
 from gpt2.serve.engine import PREFILL_CHUNK
+from gpt2.serve.grammar import GRAMMAR_TIMEOUT
 
 LOOPBACK = "127.0.0.1"
 MEGABYTE = 1 << 20  # what --prefix-cache-mb counts in (MiB)
@@ -51,6 +53,9 @@ class ServerConfig:
     prefill_chunk: int = PREFILL_CHUNK
     """Prompt tokens prefilled between two decode steps at most (`--prefill-chunk`): a longer prompt is prefilled in
     chunks of this many, so running streams wait for one chunk, not the whole prompt (gpt2.serve.engine)."""
+    grammar_timeout: float = GRAMMAR_TIMEOUT
+    """Seconds a structured request's grammar (json_schema, regex) may take to compile, on a worker thread while
+    other requests run (`--grammar-timeout`); past it the request is answered 400 (gpt2.serve.grammar)."""
 
     max_connections: int = 256
     """Connections open at once at most (uvicorn's limit_concurrency): past it a request gets 503, so clients that
@@ -63,25 +68,24 @@ class ServerConfig:
             raise ValueError(f"model_name must be a non-empty string, got {self.model_name!r}")
         if not isinstance(self.host, str) or not self.host:
             raise ValueError(f"host must be an address such as {LOOPBACK}, got {self.host!r}")
-        if not _is_int(self.port) or not 0 <= self.port <= 65535:
+        if not is_integer(self.port) or not 0 <= self.port <= 65535:
             raise ValueError(f"port must be an integer in [0, 65535] (0: any free port), got {self.port!r}")
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
             raise ValueError("api_key must be a non-empty string, or None for no authentication")
-        if not _is_int(self.drain_seconds) or self.drain_seconds < 0:
+        if not is_integer(self.drain_seconds) or self.drain_seconds < 0:
             raise ValueError(f"drain_seconds must be a whole number of seconds >= 0, got {self.drain_seconds!r}")
         if not isinstance(self.prefix_cache, bool):
             raise ValueError(f"prefix_cache must be True or False, got {self.prefix_cache!r}")
-        if not _is_int(self.prefix_cache_mb) or self.prefix_cache_mb < 1:
+        if not is_integer(self.prefix_cache_mb) or self.prefix_cache_mb < 1:
             raise ValueError(
                 f"prefix_cache_mb must be a whole number of MiB >= 1, got {self.prefix_cache_mb!r} "
                 "(to turn the cache off: --no-prefix-cache)"
             )
+        timeout = self.grammar_timeout
+        if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not 0 < timeout < float("inf"):
+            raise ValueError(f"grammar_timeout must be a number of seconds > 0, got {timeout!r}")
         for name in ("max_batch", "max_queue", "max_body_bytes", "max_prompts", "retry_after_seconds", "prefill_chunk",
                      "max_connections", "keep_alive_seconds"):  # fmt: skip
             value = getattr(self, name)
-            if not _is_int(value) or value < 1:
+            if not is_integer(value) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

@@ -29,10 +29,11 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gpt2.config import is_integer
+from gpt2.inference.checks import check_prompt_ids, check_stop_ids
 from gpt2.inference.processors import LogitsProcessor
-from gpt2.inference.sampling import SamplingParams
 from gpt2.inference.speculative import Drafter, SpeculationStats
-from gpt2.inference.structured import GrammarCompiler, structured_processor
+from gpt2.inference.structured import GrammarCompiler, GrammarMask
 from gpt2.model import GPT
 from gpt2.serve.output import finish
 from gpt2.serve.prefix_cache import PrefixCache
@@ -44,6 +45,7 @@ from gpt2.serve.sequence import (
     EngineStopped,
     QueueFull,
     SequenceRequest,
+    SequenceSetup,
     SequenceState,
     SequenceStatus,
     Sink,
@@ -111,7 +113,7 @@ class Engine:
         drafter: Drafter | None = None,
     ) -> None:
         for name, value in (("max_queue", max_queue), ("prefill_chunk", prefill_chunk)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_integer(value) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         self.prefill_chunk = prefill_chunk
         self.model = model.eval()
@@ -121,6 +123,7 @@ class Engine:
         self.vocab_limit = min(len(tokenizer), self.vocab_size)  # never draw an id the tokenizer does not have
         self.max_queue = max_queue
         self.device = model.transformer.wte.weight.device
+        self._setup = SequenceSetup(tokenizer, self.vocab_size, self.device)
         self._runner = Runner(
             model,
             max_rows=max_batch,
@@ -198,14 +201,13 @@ class Engine:
         sequences = []
         for index, request in enumerate(requests):
             self.check_prompt(request.prompt)
+            check_stop_ids(request.params.stop_token_ids, self.vocab_size)
             if request.params.num_beams > 1:
                 raise ValueError("num_beams > 1 is beam search, which this server does not run; use LLM.generate")
             room = self.block_size - len(request.prompt)  # prompt + completion fit the context
             max_new = min(request.params.max_tokens, room)
-            grammar = self._grammar(request.params)
-            sequences.append(
-                SequenceState(index, request, sink, max_new, self.device, self.tokenizer, self.vocab_size, grammar)
-            )
+            grammar = self._grammar(request)
+            sequences.append(SequenceState(index, request, sink, max_new, self._setup, grammar))
         with self._lock:
             if self._closing:
                 raise EngineStopped(SHUTTING_DOWN)
@@ -233,29 +235,28 @@ class Engine:
                 self._lock.notify()
             thread.join()
 
-    def _grammar(self, params: SamplingParams) -> LogitsProcessor | None:
-        """The grammar mask of a structured request (regex / json_schema), compiled with the engine's one
-        compiler (built on first use: it holds the vocabulary's tables and caches compiled grammars)."""
-        if params.regex is None and params.json_schema is None:
-            return None
+    def grammar_compiler(self) -> GrammarCompiler:
+        """The engine's one grammar compiler (built on first use: it holds the vocabulary's tables and caches
+        compiled grammars); the server compiles requests' grammars with it on worker threads (gpt2.serve.grammar)."""
         with self._lock:
             if self._grammars is None:
                 self._grammars = GrammarCompiler(self.tokenizer, self.vocab_size)
-            compiler = self._grammars
-        return structured_processor(params, self.tokenizer, compiler=compiler)
+            return self._grammars
+
+    def _grammar(self, request: SequenceRequest) -> LogitsProcessor | None:
+        """The grammar mask of a structured request (regex / json_schema): its grammar compiled by the caller, else
+        compiled here, on the caller's thread."""
+        params = request.params
+        if request.grammar is not None:
+            return GrammarMask(request.grammar)
+        if params.regex is None and params.json_schema is None:
+            return None
+        return GrammarMask(self.grammar_compiler().compile(regex=params.regex, json_schema=params.json_schema))
 
     # ------------------------------------------------------------------------------------ checks
     def check_prompt(self, prompt: Sequence[int]) -> None:
-        """ValueError unless `prompt` is 1 to block_size ids of the tokenizer's vocabulary."""
-        if len(prompt) == 0:
-            raise ValueError("the prompt has no tokens; send some text, or the end-of-text token to start afresh")
-        if len(prompt) > self.block_size:
-            raise ValueError(
-                f"the prompt has {len(prompt)} tokens but the model's context is {self.block_size}; shorten it"
-            )
-        for token in prompt:
-            if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < self.vocab_limit:
-                raise ValueError(f"prompt token {token!r} is not a token id in [0, {self.vocab_limit})")
+        """ValueError unless `prompt` is 1 to block_size ids of the tokenizer's vocabulary (`check_prompt_ids`)."""
+        check_prompt_ids(prompt, self.vocab_limit, self.block_size)
 
     # ------------------------------------------------------------------------------------ the loop
     def _loop(self) -> None:

@@ -44,6 +44,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gpt2.config import is_integer
+
 BLOCK_TOKENS = 16  # tokens per block (vLLM's default): the unit of storage and eviction
 KEY_BYTES = 16  # the hash chain's digest size (128 bits)
 
@@ -96,7 +98,7 @@ class PrefixCache:
 
     def __init__(self, max_bytes: int, *, block_tokens: int = BLOCK_TOKENS) -> None:
         for name, value in (("max_bytes", max_bytes), ("block_tokens", block_tokens)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_integer(value) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         self.max_bytes = max_bytes
         self.block_tokens = block_tokens

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpt2.config import is_integer
 from gpt2.inference.sampling import SamplingParams
 from gpt2.inference.structured import JSON_OBJECT
 from gpt2.serve.chat import ChatMessage, parse_messages
@@ -199,7 +200,7 @@ def parse_completion_request(body: Any, *, max_prompts: int) -> CompletionReques
     if _get(body, "suffix") is not None:
         raise bad_request("suffix is not supported by this model", "suffix")
     logprobs = _get(body, "logprobs")
-    if logprobs is not None and (not _is_int(logprobs) or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
+    if logprobs is not None and (not is_integer(logprobs) or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
         raise bad_request(
             f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}] or null, got {logprobs!r}", "logprobs"
         )
@@ -224,7 +225,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
             raise bad_request(f"{unsupported} is not supported by this model", unsupported)
     logprobs = _bool(body, "logprobs")
     top = _get(body, "top_logprobs")
-    if top is not None and (not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS):
+    if top is not None and (not is_integer(top) or not 0 <= top <= MAX_TOP_LOGPROBS):
         raise bad_request(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top!r}", "top_logprobs")
     if top is not None and not logprobs:
         raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
@@ -264,7 +265,7 @@ def _generation_fields(body: dict[str, Any], *, default_max_tokens: int | None) 
     if best_of is not None and best_of != n:
         raise bad_request("best_of is not supported (other than equal to n)", "best_of")
     seed = _get(body, "seed")
-    if _is_int(seed) and not INT64_MIN <= seed <= INT64_MAX:  # choice i uses seed + i: still a torch seed
+    if is_integer(seed) and not INT64_MIN <= seed <= INT64_MAX:  # choice i uses seed + i: still a torch seed
         raise bad_request(f"seed must be a 64-bit integer, got {seed}", "seed")
     stream = _bool(body, "stream")
     options = _get(body, "stream_options")
@@ -354,9 +355,9 @@ def _prompts(prompt: Any, max_prompts: int) -> tuple[str | tuple[int, ...], ...]
     if isinstance(prompt, list) and prompt:
         if all(isinstance(item, str) for item in prompt):
             prompts: tuple[str | tuple[int, ...], ...] = tuple(prompt)
-        elif all(_is_int(item) for item in prompt):
+        elif all(is_integer(item) for item in prompt):
             prompts = (tuple(prompt),)
-        elif all(isinstance(item, list) and all(_is_int(token) for token in item) for item in prompt):
+        elif all(isinstance(item, list) and all(is_integer(token) for token in item) for item in prompt):
             prompts = tuple(tuple(item) for item in prompt)
         else:
             prompts = ()
@@ -395,10 +396,6 @@ def _list(body: dict[str, Any], name: str) -> list[Any]:
     if not isinstance(value, list):
         raise bad_request(f"{name} must be a list, got {_describe(value)}", name)
     return value
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _describe(value: Any) -> str:

@@ -12,9 +12,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from gpt2.config import is_integer
 from gpt2.inference.processors import LogitsProcessor, build_processors, with_end_of_text
 from gpt2.inference.sampling import SamplingParams
 from gpt2.inference.speculative import speculates
@@ -65,11 +67,12 @@ class SequenceRequest:
     only); None: none."""
     prompt_logprobs: bool = False
     """Also the log-probability of every prompt token given the ones before it (the first has none)."""
+    grammar: Any = None
+    """params' regex / json_schema compiled (`GrammarCompiler.compile`) by a caller that compiles off the engine's
+    path (the server, within its time limit: gpt2.serve.grammar); None: `Engine.submit` compiles it."""
 
     def __post_init__(self) -> None:
-        if self.logprobs is not None and (
-            isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int) or not 0 <= self.logprobs
-        ):
+        if self.logprobs is not None and (not is_integer(self.logprobs) or not 0 <= self.logprobs):
             raise ValueError(f"logprobs must be an integer >= 0 or None, got {self.logprobs!r}")
         if self.logprobs is not None and self.logprobs > MAX_TOP_LOGPROBS:
             raise ValueError(f"logprobs may ask for at most {MAX_TOP_LOGPROBS} alternatives, got {self.logprobs}")
@@ -124,6 +127,16 @@ class SequenceOutput:
 Sink = Callable[[SequenceOutput], None]
 
 
+@dataclass(frozen=True)
+class SequenceSetup:
+    """What every sequence of an engine is built with: its tokenizer, its model's vocabulary size (the logits'
+    width) and device."""
+
+    tokenizer: TextTokenizer
+    vocab_size: int
+    device: torch.device
+
+
 class SequenceState:
     """The engine's state of one sequence, from submission to its final output."""
 
@@ -133,11 +146,10 @@ class SequenceState:
         request: SequenceRequest,
         sink: Sink,
         max_new: int,
-        device: torch.device,
-        tokenizer: TextTokenizer,
-        vocab_size: int,
+        setup: SequenceSetup,
         grammar: LogitsProcessor | None = None,
     ) -> None:
+        tokenizer, device = setup.tokenizer, setup.device
         self.index = index
         self.request = request
         self.sink = sink
@@ -153,7 +165,7 @@ class SequenceState:
         self.stop_ids = frozenset(params.stop_token_ids)
         # The rules the offline decoder applies too (a ValueError here, e.g. a bias on an id past the vocabulary,
         # refuses the request); `tokens` is what they see: the prompt, then every token drawn.
-        self.processors = build_processors(params, prompt_length=len(request.prompt), vocab_size=vocab_size)
+        self.processors = build_processors(params, prompt_length=len(request.prompt), vocab_size=setup.vocab_size)
         if grammar is not None:  # after the rules, as the offline decoder runs it
             self.processors.append(grammar)
         self.tokens = list(request.prompt)  # what the rules and the drafter see: the prompt, then every token drawn

@@ -18,6 +18,7 @@ import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from gpt2.config import is_integer
 from gpt2.runtime.files import atomic_write_text
 
 MERGES_HEADER = "#version: 0.2"
@@ -54,7 +55,7 @@ def read_vocab(path: Path) -> dict[str, int]:
     if not isinstance(data, dict) or not data:
         raise ValueError(f"{path}: expected a non-empty JSON object {{symbol: id}}, got {type(data).__name__}")
     for symbol, token_id in data.items():
-        if not isinstance(token_id, int) or isinstance(token_id, bool):
+        if not is_integer(token_id):
             raise ValueError(f"{path}: the id of {symbol!r} is {token_id!r}; ids must be integers")
     return data
 

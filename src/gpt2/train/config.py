@@ -26,7 +26,7 @@ else:  # Python 3.10: the same parser, from PyPI
     import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
 
 from gpt2.config import PRESETS as MODEL_PRESETS
-from gpt2.config import GPTConfig
+from gpt2.config import GPTConfig, is_integer
 from gpt2.runtime.device import DtypeName
 
 DeviceName = str  # "auto", "cpu", "cuda", "cuda:1", ...
@@ -403,7 +403,7 @@ def _check_type(name: str, value: Any, hint: Any) -> None:
             return
         if option is bool and isinstance(value, bool):
             return
-        if option is int and isinstance(value, int) and not isinstance(value, bool):
+        if option is int and is_integer(value):
             return
         if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
             return

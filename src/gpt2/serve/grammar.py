@@ -1,0 +1,75 @@
+"""Structured requests' grammars compiled off the engine's path: each on a worker thread, within a time limit.
+
+xgrammar compiles a deep JSON schema slowly (a 300-deep nested object takes it tens of seconds of a core). Compiled
+on the event loop or in `Engine.submit`, it would stall every other request; here the HTTP handler awaits the
+compilation on a worker thread (xgrammar releases the GIL while it works), so other requests are served meanwhile,
+and past the limit the request is answered 400. A compilation past its limit runs on to its end (a thread cannot be
+stopped) on a daemon thread, and lands in the compiler's cache: the same grammar sent again is ready at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from gpt2.inference.sampling import SamplingParams
+from gpt2.inference.structured import GrammarCompiler
+
+GRAMMAR_TIMEOUT = 10.0
+"""Seconds a request's grammar may take to compile before the request is refused (`gpt2 serve --grammar-timeout`).
+Schemas of everyday depth compile in well under a second; a schema nested hundreds deep takes tens of seconds."""
+GRAMMAR_WORKERS = 2
+"""Grammars compiled at once at most; another structured request waits for a worker, within its own limit."""
+
+
+class GrammarTooComplex(ValueError):
+    """A grammar did not compile within the server's limit."""
+
+
+class GrammarCompilations:
+    """Compiles requests' grammars on worker threads for the event loop (module docstring).
+
+    compiler: returns the one GrammarCompiler of the model's vocabulary (built on first use; the engine's, so a
+    grammar compiled here is the one the engine would compile). timeout: seconds per grammar (GRAMMAR_TIMEOUT)."""
+
+    def __init__(self, compiler: Callable[[], GrammarCompiler], timeout: float, workers: int = GRAMMAR_WORKERS) -> None:
+        self._compiler = compiler
+        self.timeout = timeout
+        self._slots = threading.BoundedSemaphore(workers)
+
+    async def compile(self, params: SamplingParams) -> Any | None:
+        """The compiled grammar of params' regex / json_schema (None: neither is set). A ValueError for an invalid
+        grammar; GrammarTooComplex (a ValueError) when compiling it takes longer than `timeout` seconds."""
+        if params.regex is None and params.json_schema is None:
+            return None
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future[Any] = loop.create_future()
+
+        def deliver(value: Any, error: BaseException | None) -> None:  # on the event loop
+            if result.done():  # the request gave up waiting
+                return
+            if error is not None:
+                result.set_exception(error)
+            else:
+                result.set_result(value)
+
+        def work() -> None:  # on the worker thread
+            with self._slots:
+                try:
+                    compiled = self._compiler().compile(regex=params.regex, json_schema=params.json_schema)
+                except Exception as err:  # an invalid grammar (ValueError), or the library's own failure
+                    loop.call_soon_threadsafe(deliver, None, err)
+                    return
+            loop.call_soon_threadsafe(deliver, compiled, None)
+
+        threading.Thread(target=work, name="gpt2-grammar", daemon=True).start()
+        try:
+            return await asyncio.wait_for(result, self.timeout)
+        except asyncio.TimeoutError:  # TimeoutError from Python 3.11 on
+            what = "regex" if params.regex is not None else "json_schema"
+            raise GrammarTooComplex(
+                f"the {what} is too complex to compile within {self.timeout:g} s (the server's --grammar-timeout); "
+                "simplify it (fewer nesting levels)"
+            ) from None
