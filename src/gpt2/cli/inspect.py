@@ -1,4 +1,4 @@
-"""`gpt2 inspect attention | logit-lens | patch`: what a model does with a prompt (gpt2.inspect).
+"""`gpt2 inspect attention | logit-lens | patch | sae`: what a model does with a prompt (gpt2.inspect).
 
     gpt2 inspect attention --model out/run1 --prompt "The cat sat on the mat" --layer 3 --out att.png
     gpt2 inspect attention --model gpt2 --prompt "When Mary and John went to the store" --out att.html
@@ -6,13 +6,16 @@
     gpt2 inspect patch --model gpt2 --clean "When John and Mary went to the shops, John gave the bag to" \
         --corrupt "When John and Mary went to the shops, Mary gave the bag to" --answer " Mary" --wrong " John" \
         --out patch.png
+    gpt2 inspect sae --model gpt2 --sae saes/blocks.8.hook_resid_pre --prompt "The cat sat" --out features.html
 
 attention: a heatmap per head (queries down, keys across) with the tokens as labels; every layer and head
 unless --layer / --head pick one. `.png` is a static figure; `.html` one self-contained interactive page (no
 network needed to open it). logit-lens: the top next token at every layer and position, as a `.png` table.
 patch: activation patching (gpt2.inspect.patching): the answer's logit minus the wrong one's in the corrupted
 run with one activation (--site: resid_pre, attn_out or mlp_out at one layer and position, or one head's output
-at every position) taken from the clean run; `.json`, `.png` or `.html`.
+at every position) taken from the clean run; `.json`, `.png` or `.html`. sae: a sparse autoencoder in SAELens'
+format (a folder, or a Hub folder owner/repo/path) at its hook: the top features per token, the reconstruction
+MSE and the loss with the SAE spliced in; `.json` or `.html`.
 """
 
 from __future__ import annotations
@@ -60,6 +63,13 @@ def register(subparsers: Any) -> None:
     patch.add_argument("--out", required=True, help="FILE.json, FILE.png or FILE.html")
     patch.set_defaults(func=run_patch)
 
+    sae = views.add_parser("sae", parents=[common], help="a sparse autoencoder's top features per token")
+    sae.add_argument(
+        "--sae", required=True, help="SAELens folder (cfg.json, sae_weights.safetensors) or owner/repo/path"
+    )
+    sae.add_argument("--out", required=True, help="FILE.json or FILE.html")
+    sae.set_defaults(func=run_sae)
+
 
 def run_attention(args: argparse.Namespace) -> int:
     from gpt2.inspect.pictures import attention_picture
@@ -85,6 +95,17 @@ def run_patch(args: argparse.Namespace) -> int:
     llm = _load(args)
     prompts, answers = (args.clean, args.corrupt), (args.answer, args.wrong)
     path = patching_picture(llm.model, llm.tokenizer, prompts, answers, args.out, site=args.site)
+    print(f"wrote {path}")
+    return 0
+
+
+def run_sae(args: argparse.Namespace) -> int:
+    from gpt2.inspect.pictures import sae_features_file
+    from gpt2.inspect.sae import load_sae
+
+    llm = _load(args)
+    sae = load_sae(args.sae).to(llm.device)
+    path = sae_features_file(llm.model, llm.tokenizer, sae, args.prompt, args.out)
     print(f"wrote {path}")
     return 0
 
