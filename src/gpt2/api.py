@@ -15,8 +15,9 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import overload
@@ -28,6 +29,7 @@ from gpt2.inference.layouts import prepare_for_inference
 from gpt2.inference.processors import build_processors
 from gpt2.inference.sampling import SamplingParams
 from gpt2.inference.speculative import Drafter, DraftModel, PromptLookup, speculative_text
+from gpt2.inference.steering import STEERED_ENGINE, Intervention, parse_steering, steer, steered_stream
 from gpt2.model import GPT
 from gpt2.runtime.device import resolve_device
 from gpt2.runtime.gguf import is_gguf
@@ -36,6 +38,7 @@ from gpt2.tokenizer.protocol import TextTokenizer
 from gpt2.weights import load_model, save_pretrained
 
 Batch = list[list[str]]  # for each prompt, its continuations
+Steering = Sequence[Mapping[str, object] | Intervention]  # see gpt2.inference.steering
 
 
 @dataclass
@@ -93,14 +96,24 @@ class LLM:
         return cls(loaded, text_tokenizer, resolved, draft=drafter, prompt_lookup=prompt_lookup)
 
     def stream(
-        self, prompt: str | Sequence[int], params: SamplingParams | None = None, **engine_options: object
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        steering: Steering = (),
+        **engine_options: object,
     ) -> Iterator[str]:
         """The continuation of `prompt` (text or token ids) as text pieces, while it is generated (`stream_text`).
 
         With a draft model or prompt_lookup, speculative decoding (`speculative_text`: the same text for greedy,
         the same distribution for sampling) where params use only the sampler's rules (temperature, top-k,
-        top-p, stops, seed); other rules (penalties, grammars, beams) decode as usual."""
+        top-p, stops, seed); other rules (penalties, grammars, beams) decode as usual. steering: interventions
+        applied while generating (gpt2.inference.steering; on the PyTorch path, without speculation)."""
         params = params or SamplingParams()
+        if steering:
+            plan = [parse_steering(steering, self.model)]
+            pieces = stream_text(self.model, self.tokenizer, prompt, params, **{**engine_options, **STEERED_ENGINE})
+            return steered_stream(self.model, plan, pieces)
         drafter = self._drafter(params)
         if drafter is not None:
             slide_by = engine_options.get("slide_by")
@@ -124,24 +137,42 @@ class LLM:
         return PromptLookup(num_tokens=self.prompt_lookup) if self.prompt_lookup is not None else None
 
     @overload
-    def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> list[str]: ...
+    def generate(
+        self, prompt: str | Sequence[int], params: SamplingParams | None = None, *, steering: Steering = ()
+    ) -> list[str]: ...
     @overload
     def generate(
-        self, prompt: list[str] | list[list[int]], params: SamplingParams | None = None
+        self, prompt: list[str] | list[list[int]], params: SamplingParams | None = None, *, steering: Steering = ()
     ) -> list[list[str]]: ...
 
     def generate(
-        self, prompt: str | Sequence[int] | list[str] | list[list[int]], params: SamplingParams | None = None
+        self,
+        prompt: str | Sequence[int] | list[str] | list[list[int]],
+        params: SamplingParams | None = None,
+        *,
+        steering: Steering = (),
     ) -> list[str] | Batch:
         """`params.n` continuations of `prompt` (the i-th with seed + i when seeded); for a list of prompts, a
         list of those, in order, decoded together in one batch (`generate_texts`). num_beams > 1: the n best
-        beams."""
+        beams. steering: interventions applied to every continuation (gpt2.inference.steering), e.g.
+        `[{"hook": "blocks.6.hook_resid_pre", "vector": direction, "scale": 4.0}]`."""
         params = params or SamplingParams()
-        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-            return generate_texts(self.model, self.tokenizer, prompt, params)
-        if params.num_beams > 1:
-            return generate_texts(self.model, self.tokenizer, [prompt], params)[0]  # type: ignore[list-item]
-        return ["".join(self.stream(prompt, params.for_sample(i))) for i in range(params.n)]  # type: ignore[arg-type]
+        batch = isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)
+        if batch or params.num_beams > 1:
+            prompts = prompt if batch else [prompt]
+            with self._steering(steering) as engine:
+                texts = generate_texts(self.model, self.tokenizer, prompts, params, **engine)  # type: ignore[arg-type]
+            return texts if batch else texts[0]
+        return ["".join(self.stream(prompt, params.for_sample(i), steering=steering)) for i in range(params.n)]  # type: ignore[arg-type]
+
+    @contextlib.contextmanager
+    def _steering(self, steering: Steering) -> Iterator[dict[str, object]]:
+        """Every forward under `steering` while open; yields the decode options steered generation needs."""
+        if not steering:
+            yield {}
+            return
+        with steer(self.model, [parse_steering(steering, self.model)]):
+            yield dict(STEERED_ENGINE)
 
     def save(self, directory: str | os.PathLike[str]) -> Path:
         """The model in HF format with its tokenizer beside it: what `LLM.load` and transformers read."""

@@ -4,10 +4,13 @@
     echo "Once upon a time" | gpt2 sample --model gpt2 -n 3 --temperature 0.8
     gpt2 sample --model gpt2 --prompt "The city" --repetition-penalty 1.3 --no-repeat-ngram-size 3
     gpt2 sample --model gpt2 --prompt "The city" --temperature 0 --num-beams 4 -n 2
+    gpt2 sample --model gpt2 --prompt "I think" --steer steer.json --sae res8=saes/blocks.8.hook_resid_pre
 
 The model is a HF-format directory (what `gpt2 train` writes, or `save_pretrained`) or a Hub name. The
 tokenizer is read from the model directory when it holds one (`gpt2 train` saves it there), else from
-`--tokenizer`.
+`--tokenizer`. --steer FILE.json holds a list of interventions applied while generating, as the server's
+`steering` field (gpt2.inference.steering): {"hook": "blocks.6.hook_resid_pre", "vector": [...], "scale": 4}
+or {"hook": ..., "sae": NAME, "feature": 123, "value": 8} with the SAE given as --sae NAME=DIR.
 """
 
 from __future__ import annotations
@@ -42,6 +45,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--compile", action="store_true", help="torch.compile the decode step (GPU)")
     add_speculation_arguments(parser)
     parser.add_argument("--no-echo", action="store_true", help="print only the continuation, not the prompt")
+    parser.add_argument("--steer", metavar="FILE", help="JSON list of steering interventions (see above)")
+    parser.add_argument(
+        "--sae", action="append", default=[], metavar="NAME=DIR", help="an SAE (SAELens folder) --steer may name"
+    )
     parser.set_defaults(func=run)
 
 
@@ -53,9 +60,10 @@ def run(args: argparse.Namespace) -> int:
     if not prompt:
         raise ValueError("the prompt is empty; pass --prompt TEXT or pipe text on stdin")
     llm = load_speculative_llm(args)
+    steering = read_steering(args.steer, args.sae, llm.device)
     engine = dict(truncate=args.truncate, slide_by=args.slide_by, compile=args.compile)
     if params.num_beams > 1:  # beams are whole sequences: printed once found, best first
-        beams = llm.generate(prompt, params)
+        beams = llm.generate(prompt, params, steering=steering)
         sys.stdout.write(SAMPLE_SEPARATOR.join(("" if args.no_echo else prompt) + beam for beam in beams) + "\n")
         sys.stdout.flush()
         return 0
@@ -64,9 +72,42 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write(SAMPLE_SEPARATOR)
         if not args.no_echo:
             sys.stdout.write(prompt)
-        for piece in llm.stream(prompt, params.for_sample(sample), **engine):
+        for piece in llm.stream(prompt, params.for_sample(sample), steering=steering, **engine):
             sys.stdout.write(piece)
             sys.stdout.flush()
     sys.stdout.write("\n")
     sys.stdout.flush()
     return 0
+
+
+def read_steering(path: str | None, saes: list[str], device: Any) -> list[Any]:
+    """The interventions in `path` (a JSON list), SAE names replaced by the SAEs given as NAME=DIR."""
+    import json
+    from pathlib import Path
+
+    from gpt2.inspect.sae import load_sae
+
+    if path is None:
+        if saes:
+            raise ValueError("--sae is only used by --steer; pass --steer FILE.json too")
+        return []
+    try:
+        items = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as err:
+        raise FileNotFoundError(f"cannot read --steer {path!r}: {err.strerror}") from err
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--steer {path!r} is not JSON ({err})") from err
+    if not isinstance(items, list):
+        raise ValueError(f"--steer {path!r} must hold a JSON list of interventions")
+    loaded = {}
+    for entry in saes:
+        name, separator, directory = entry.partition("=")
+        if not separator or not name:
+            raise ValueError(f"--sae {entry!r} must be NAME=DIR")
+        loaded[name] = load_sae(directory).to(device)
+    return [
+        {**item, "sae": loaded[item["sae"]]}
+        if isinstance(item, dict) and isinstance(item.get("sae"), str) and item["sae"] in loaded
+        else item
+        for item in items
+    ]

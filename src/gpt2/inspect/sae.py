@@ -158,6 +158,10 @@ class SparseAutoencoder(nn.Module):
     def hook_name(self) -> str:
         return self.config.hook_name
 
+    @property
+    def d_sae(self) -> int:
+        return self.config.d_sae
+
     def normalize(self, x: torch.Tensor) -> Normalized:
         """x (..., d_in) or, at hook_z, (..., nh, hs) -> the normalised input (..., d_in)."""
         if self.hook_name.endswith("hook_z"):
@@ -209,6 +213,16 @@ class SparseAutoencoder(nn.Module):
         normalized = self.normalize(x)
         x_hat = self.decode(self.encode_normalized(normalized.x), normalized)
         return x_hat.view(x.shape).to(x.dtype)
+
+    def clamped(self, x: torch.Tensor, feature: int, value: float) -> torch.Tensor:
+        """x (..., d_in) with `feature` set to `value` and everything the SAE does not reconstruct kept:
+        x + decode(acts with acts[feature] = value) - decode(acts) (steering, gpt2.inference.steering)."""
+        normalized = self.normalize(x)
+        acts = self.encode_normalized(normalized.x)  # (..., d_sae)
+        changed = acts.clone()
+        changed[..., feature] = value
+        delta = self.decode(changed, normalized) - self.decode(acts, normalized)
+        return x + delta.view(x.shape).to(x.dtype)
 
 
 # ------------------------------------------------------------------------------------------ files
