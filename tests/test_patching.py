@@ -26,18 +26,9 @@ ATOL = 1e-4
 ANSWER, WRONG = 17, 42
 
 
-def tiny_model(seed: int = 0) -> GPT:
-    torch.manual_seed(seed)
-    model = GPT(GPTConfig.from_name("gpt2-tiny", vocab_size=VOCAB))
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(0.1 * torch.randn_like(parameter))
-    return model.eval()
-
-
 @pytest.fixture
-def model() -> GPT:
-    return tiny_model()
+def model(perturbed_tiny_gpt: GPT) -> GPT:
+    return perturbed_tiny_gpt
 
 
 @pytest.fixture
@@ -107,8 +98,10 @@ def test_positions_before_the_first_difference_change_nothing(model: GPT, prompt
     ("site", "name", "cell"),
     [("resid_pre", "blocks.1.hook_resid_pre", (1, 5)), ("head", "blocks.1.attn.hook_z", (1, 3))],
 )
-def test_attribution_is_the_first_order_term_of_patching(prompts, site: str, name: str, cell: tuple[int, int]) -> None:
-    model = tiny_model().double()
+def test_attribution_is_the_first_order_term_of_patching(
+    model: GPT, prompts, site: str, name: str, cell: tuple[int, int]
+) -> None:
+    model = model.double()
     clean, corrupted = prompts
     metric = logit_diff(ANSWER, WRONG)
     attribution = attribution_patching(model, clean, corrupted, metric, site)

@@ -18,7 +18,6 @@ import torch
 import torch.nn.functional as F
 
 from gpt2.cli import main
-from gpt2.config import GPTConfig
 from gpt2.inspect.sae import (
     SAEConfig,
     SAETrainConfig,
@@ -38,18 +37,9 @@ HOOK = "blocks.1.hook_resid_pre"
 C = 64  # gpt2-tiny's n_embd
 
 
-def tiny_model(seed: int = 0) -> GPT:
-    torch.manual_seed(seed)
-    model = GPT(GPTConfig.from_name("gpt2-tiny", vocab_size=VOCAB))
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(0.1 * torch.randn_like(parameter))
-    return model.eval()
-
-
 @pytest.fixture
-def model() -> GPT:
-    return tiny_model()
+def model(perturbed_tiny_gpt: GPT) -> GPT:
+    return perturbed_tiny_gpt
 
 
 def random_sae(architecture: str = "standard", **options) -> SparseAutoencoder:

@@ -12,7 +12,6 @@ import torch
 
 from gpt2.api import LLM
 from gpt2.cli import main
-from gpt2.config import GPTConfig
 from gpt2.inference.sampling import SamplingParams
 from gpt2.inference.steering import AddVector, ClampFeature, parse_steering, steer
 from gpt2.inspect import run_with_hooks
@@ -24,19 +23,9 @@ VOCAB = 257
 C = 64
 
 
-def tiny_model(seed: int = 0) -> GPT:
-    torch.manual_seed(seed)
-    model = GPT(GPTConfig.from_name("gpt2-tiny", vocab_size=VOCAB))
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(0.1 * torch.randn_like(parameter))
-    return model.eval()
-
-
 @pytest.fixture
-def llm() -> LLM:
-    model = tiny_model()
-    return LLM(model, load_tokenizer("bytes"), torch.device("cpu"))
+def llm(perturbed_tiny_gpt: GPT) -> LLM:
+    return LLM(perturbed_tiny_gpt, load_tokenizer("bytes"), torch.device("cpu"))
 
 
 def direction(seed: int) -> torch.Tensor:
