@@ -42,10 +42,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=16)
     parser.add_argument("--site", default="resid_pre", choices=sorted(THEIRS))
     parser.add_argument("--repeats", type=int, default=1, help="timed sweeps of each (median reported)")
-    parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
 
     import transformers
     from transformer_lens import patching
