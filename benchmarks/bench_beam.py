@@ -18,10 +18,10 @@ import time
 import torch
 
 from gpt2.config import GPTConfig
-from gpt2.inference import prepare_for_inference
+from gpt2.cpu import prepare_for_inference
+from gpt2.cpu.kernels import kernels_available
 from gpt2.inference.beam import beam_search
-from gpt2.inference.decoding import DecodeOptions
-from gpt2.inference.kernels import kernels_available
+from gpt2.inference.prompt import DecodeOptions
 from gpt2.inference.sampling import SamplingParams
 from gpt2.model import GPT
 from gpt2.weights import load_model, save_pretrained

@@ -36,8 +36,9 @@ import numpy as np
 import torch
 
 from gpt2.config import GPTConfig
+from gpt2.cpu import prepare_for_inference
 from gpt2.export import export_gguf
-from gpt2.inference import SamplingParams, prepare_for_inference, stream
+from gpt2.inference import SamplingParams, stream
 from gpt2.model import GPT
 from gpt2.tokenizer import ByteTokenizer, load_tokenizer
 from gpt2.tokenizer.protocol import TextTokenizer

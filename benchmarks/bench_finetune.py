@@ -43,19 +43,19 @@ def run_case(case: str, model_dir: Path, steps: int, batch_size: int, block_size
     if case.startswith("ours"):
         from gpt2.finetune.data import RowBatches, Rows
         from gpt2.finetune.lora import LoRAConfig, add_lora
-        from gpt2.train import Trainer, configure_optimizer
+        from gpt2.train import Trainer, TrainingData, configure_optimizer
         from gpt2.train.config import TrainConfig
         from gpt2.weights import load_model
 
         model = load_model(model_dir).train()
         if case.startswith("ours-lora"):
             add_lora(model, LoRAConfig(rank=LORA_RANK, alpha=LORA_ALPHA, dropout=0.0))
-        config = TrainConfig(tokenizer="bytes", block_size=block_size, batch_size=batch_size, max_steps=steps + 1,
-                             warmup_steps=1, weight_decay=0.0, eval_interval=0, device="cpu",
-                             dtype="auto" if case.endswith("as-shipped") else "float32",
-                             out_dir=tempfile.mkdtemp())  # fmt: skip
-        trainer = Trainer(model, configure_optimizer(model, config, torch.device("cpu")), config,
-                          RowBatches(Rows(x, y), batch_size))  # fmt: skip
+        config = TrainConfig.from_dict(dict(tokenizer="bytes", block_size=block_size, batch_size=batch_size,
+                                            max_steps=steps + 1, warmup_steps=1, weight_decay=0.0, eval_interval=0,
+                                            device="cpu", dtype="auto" if case.endswith("as-shipped") else "float32",
+                                            out_dir=tempfile.mkdtemp()))  # fmt: skip
+        trainer = Trainer(model, configure_optimizer(model, config.optimizer, torch.device("cpu")), config,
+                          TrainingData(RowBatches(Rows(x, y), batch_size)))  # fmt: skip
         step = trainer.train_step
     else:
         from transformers import GPT2LMHeadModel

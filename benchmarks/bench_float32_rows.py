@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 
 from gpt2.config import GPTConfig
-from gpt2.inference.layouts import OneDNNLinear, prepare_for_inference
+from gpt2.cpu.layouts import OneDNNLinear, prepare_for_inference
 from gpt2.model import GPT
 from gpt2.serve.batch import DecodeBatch
 

@@ -31,10 +31,10 @@ import torch
 import torch.nn.functional as F
 
 from gpt2.config import GPTConfig
-from gpt2.inference import optimize_for_inference, prepare_for_inference
-from gpt2.inference.decoder import native_decoder
+from gpt2.cpu import optimize_for_inference, prepare_for_inference
+from gpt2.cpu.decoder import native_decoder
+from gpt2.cpu.kernels import KIND, kernels_available, native_linear
 from gpt2.inference.generation import generate
-from gpt2.inference.kernels import KIND, kernels_available, native_linear
 from gpt2.model import GPT
 from gpt2.tokenizer import load_tokenizer
 from gpt2.weights import load_model, save_pretrained

@@ -55,11 +55,11 @@ def run_one(data: Path, out: Path, mode: str, steps: int) -> dict:
         from gpt2.data import TokenView
 
         TokenView.release = lambda self, shards=None: None  # type: ignore[method-assign]
-    config = TrainConfig(
+    config = TrainConfig.from_dict(dict(
         data=str(data), tokenizer="bytes", model="gpt2-tiny", n_layer=2, n_head=4, n_embd=64, block_size=128,
         dropout=0.0, batch_size=16, max_steps=steps, warmup_steps=1, eval_interval=steps, eval_batches=2,
         checkpoint_interval=0, sample_tokens=0, device="cpu", dtype="float32", out_dir=str(out),
-    )  # fmt: skip
+    ))  # fmt: skip
     start = time.perf_counter()
     result = train(config)
     return {

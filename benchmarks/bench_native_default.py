@@ -1,7 +1,7 @@
 """Which CPU decoding path to use by default: our native kernels against our PyTorch layouts, per precision.
 
-The native kernels (gpt2.inference.kernels) have hand-vectorized AVX-512 paths and portable C++ loops for every
-other CPU; the PyTorch layouts (gpt2.inference.layouts) use PyTorch's own kernels. `use_native_kernels` picks the
+The native kernels (gpt2.cpu.kernels) have hand-vectorized AVX-512 paths and portable C++ loops for every
+other CPU; the PyTorch layouts (gpt2.cpu.layouts) use PyTorch's own kernels. `use_native_kernels` picks the
 kernels by default only where the CPU has AVX-512; this benchmark is the measurement behind that rule. GPT-2 124M
 shape with random weights, batch 1, greedy, `--threads` threads: decode tokens/s (the steps after the first new
 token) and prompt tokens/s (a 256-token prefill), for the model prepared as `gpt2 sample --dtype X` does with
@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
-import gpt2.inference.layouts as layouts
+import gpt2.cpu.layouts as layouts
 from gpt2.config import GPTConfig
-from gpt2.inference import prepare_for_inference
-from gpt2.inference.kernels import SWITCH_VARIABLE, VECTOR_FLAGS, cpu_flags, kernels_available
+from gpt2.cpu import prepare_for_inference
+from gpt2.cpu.kernels import SWITCH_VARIABLE, VECTOR_FLAGS, cpu_flags, kernels_available
 from gpt2.model import GPT
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

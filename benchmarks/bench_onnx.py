@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from gpt2.config import GPTConfig
+from gpt2.cpu import prepare_for_inference
 from gpt2.export import export_onnx, onnx_input_names
-from gpt2.inference import prepare_for_inference
 from gpt2.model import GPT
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

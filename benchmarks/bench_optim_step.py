@@ -53,10 +53,10 @@ def main() -> None:
         torch.manual_seed(0)
         model = GPT(config).train()
         x = torch.randint(0, config.vocab_size, (batch, seq + 1))
-        variants = {"adamw": TrainConfig(), "muon": TrainConfig(optimizer="muon")}
+        variants = {"adamw": TrainConfig(), "muon": TrainConfig.from_dict(dict(optimizer="muon"))}
         if args.compile:
-            variants["muon+compile"] = TrainConfig(optimizer="muon", muon_compile=True)
-        optimizers = {name: configure_optimizer(model, settings, CPU) for name, settings in variants.items()}
+            variants["muon+compile"] = TrainConfig.from_dict(dict(optimizer="muon", muon_compile=True))
+        optimizers = {name: configure_optimizer(model, settings.optimizer, CPU) for name, settings in variants.items()}
         start = {k: v.clone() for k, v in model.state_dict().items()}
         times: dict[str, list[float]] = {"fwd_bwd": [], **{name: [] for name in optimizers}}
         repeats = args.repeats or (20 if shape == "small" else 3)

@@ -1,5 +1,5 @@
 """Where `NativeLinear` should switch from the native product to the dequantized one: a prefill of P tokens both
-ways, per precision (what `MANY_ROWS` in gpt2.inference.kernels is set from).
+ways, per precision (what `MANY_ROWS` in gpt2.cpu.kernels is set from).
 
 GPT-2 124M shape, random weights (seeded, no network), prepared as `gpt2 sample --dtype X` prepares it; one
 prompt of P tokens through the model with a KV cache (`hidden_states`), the layers' threshold forced to "never"
@@ -18,8 +18,8 @@ import time
 import torch
 
 from gpt2.config import GPTConfig
-from gpt2.inference import kernels
-from gpt2.inference.layouts import prepare_for_inference
+from gpt2.cpu import kernels
+from gpt2.cpu.layouts import prepare_for_inference
 from gpt2.model import GPT
 
 

@@ -30,12 +30,12 @@ def run_one(mode: str, corpus: Path, out: Path, chunk_chars: int) -> dict:
     """One timed preparation in this process (called in a subprocess by main)."""
     import numpy as np
 
-    from gpt2.data import load_split, prepare
+    from gpt2.data import PrepareOptions, load_split, prepare
 
     tokenizer = load_tokenizer(GPT2_BPE)
     start = time.perf_counter()
     if mode == "ours":
-        prepare([corpus], out, tokenizer, chunk_chars=chunk_chars, progress=False)
+        prepare([corpus], out, tokenizer, PrepareOptions(chunk_chars=chunk_chars), progress=False)
     else:  # the plain path: whole file in memory, one encode call
         ids = [tokenizer.eot_token] + tokenizer.encode(corpus.read_text(encoding="utf-8"))
         out.mkdir(parents=True, exist_ok=True)

@@ -39,7 +39,7 @@ import torch
 from common import percentile
 from gpt2.api import LLM
 from gpt2.config import GPTConfig
-from gpt2.inference.layouts import PRECISIONS, prepare_for_inference
+from gpt2.cpu.layouts import PRECISIONS, prepare_for_inference
 from gpt2.model import GPT
 from gpt2.serve import ServerConfig, uvicorn_server
 from gpt2.serve.server import on_passing_thread

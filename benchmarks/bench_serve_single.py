@@ -51,7 +51,7 @@ import torch
 from common import SERVED_MODEL as MODEL
 from common import gpt2_serve_command, save_random_gpt2, served
 from gpt2.api import LLM
-from gpt2.inference.layouts import PRECISIONS
+from gpt2.cpu.layouts import PRECISIONS
 from gpt2.inference.sampling import SamplingParams
 
 SEED = 0

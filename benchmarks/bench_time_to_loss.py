@@ -89,8 +89,8 @@ def main() -> None:
         base = TrainConfig.from_name(args.task, device="cpu", dtype="float32", sample_tokens=0, checkpoint_interval=0)
         if args.task == "shakespeare-char":
             base = base.replace(data=str(SHARED / "corpora" / "tinyshakespeare.txt"))
-        spec = DataSpec(data=base.data, tokenizer=base.tokenizer, vocab_size=base.vocab_size,
-                        max_corpus_bytes=base.max_corpus_bytes, val_fraction=base.val_fraction)  # fmt: skip
+        spec = DataSpec(data=base.data.source, tokenizer=base.data.tokenizer, vocab_size=base.data.vocab_size,
+                        max_corpus_bytes=base.data.max_corpus_bytes, val_fraction=base.data.val_fraction)  # fmt: skip
         _, data_dir = prepare_data(spec, Path(tmp) / "data")
         base = base.replace(data=str(data_dir), tokenizer=str(data_dir / "tokenizer"), eval_interval=args.eval_interval)
         for repeat in range(args.repeats):
@@ -99,15 +99,15 @@ def main() -> None:
                 started = time.perf_counter()
                 result = train(config)
                 wall = time.perf_counter() - started
-                seconds, step = time_to_target(Path(config.out_dir), target)
+                seconds, step = time_to_target(Path(config.output.out_dir), target)
                 row = {
                     "task": args.task, "variant": name, "overrides": overrides, "repeat": repeat,
                     "target": target, "time_to_target_s": None if seconds is None else round(seconds, 1),
                     "step_at_target": step, "final_val": round(result.val_losses[result.step], 4),
                     "steps": result.step, "train_s": round(sum(json.loads(line).get("dt_ms", 0) for line in
-                    (Path(config.out_dir) / "metrics.jsonl").read_text().splitlines()) / 1000, 1),
+                    (Path(config.output.out_dir) / "metrics.jsonl").read_text().splitlines()) / 1000, 1),
                     "ms_per_step": round(1000 * result.seconds / result.step, 1), "wall_s": round(wall, 1),
-                    "median_ms_per_step": round(median_step_ms(Path(config.out_dir)), 1),
+                    "median_ms_per_step": round(median_step_ms(Path(config.output.out_dir)), 1),
                     "val_by_step": {step: round(loss, 4) for step, loss in result.val_losses.items()},
                 }  # fmt: skip
                 rows.append(row)

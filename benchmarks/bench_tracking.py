@@ -29,7 +29,7 @@ import torch
 
 from gpt2.data import BatchLoader
 from gpt2.model import GPT
-from gpt2.train import TrainConfig, Trainer, configure_optimizer
+from gpt2.train import LoopOptions, TrainConfig, Trainer, TrainingData, configure_optimizer
 from gpt2.train.tracking import Tracking
 
 MODES: dict[str, tuple[str, ...]] = {"none": (), "tensorboard": ("tensorboard",), "wandb": ("wandb",)}
@@ -65,13 +65,13 @@ def step_costs(mode: str, steps: int, out: Path) -> dict[str, list[float]]:
     torch.manual_seed(0)
     model = GPT(config.model_config(vocab_size=4096))
     tokens = torch.randint(0, 4096, (200_000,), dtype=torch.int32).numpy()
-    batches = BatchLoader(tokens, config.batch_size, config.block_size or 128, seed=0)
+    batches = BatchLoader(tokens, config.data.batch_size, config.model.block_size or 128, seed=0)
     process = psutil.Process()
     trainer_threads = {thread.id for thread in process.threads()}  # the training's own (main and intra-op)
     costs: dict[str, list[float]] = {"wall": [], "calls": [], "cpu": []}
     with TimedTracking(config) as tracking:
-        trainer = Trainer(model, configure_optimizer(model, config, torch.device("cpu")), config, batches,
-                          callbacks=[tracking])  # fmt: skip
+        trainer = Trainer(model, configure_optimizer(model, config.optimizer, torch.device("cpu")), config,
+                          TrainingData(batches), loop=LoopOptions(callbacks=[tracking]))  # fmt: skip
         trainer.train_step()  # warm-up: one-off costs
         for _ in range(steps):
             cpu, calls, started = cpu_seconds(process, trainer_threads), tracking.seconds, time.perf_counter()

@@ -25,8 +25,8 @@ import torch
 from gpt2.config import GPTConfig
 from gpt2.model import GPT
 from gpt2.runtime.device import autocast
-from gpt2.train import Trainer, configure_optimizer
-from gpt2.train.config import TrainConfig
+from gpt2.train import Trainer, TrainingData, configure_optimizer
+from gpt2.train.config import OptimizerConfig, TrainConfig
 
 SHAPES = {
     # the shakespeare-char quality setup: 4 layers, 4 heads, width 128, block 64, batch 12, byte vocabulary
@@ -49,7 +49,7 @@ def hf_model(config: GPTConfig) -> torch.nn.Module:
 
 
 def make_step(model: torch.nn.Module, hf: bool, dtype: torch.dtype, impl: str) -> Callable[[torch.Tensor], dict]:
-    optimizer = configure_optimizer(model, TrainConfig(optimizer_impl=impl), CPU)
+    optimizer = configure_optimizer(model, OptimizerConfig(impl=impl), CPU)
 
     def step(x: torch.Tensor) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -89,10 +89,10 @@ class FixedBatch:
 def make_trainer_step(config: GPTConfig, dtype: torch.dtype, impl: str, out_dir: str) -> Callable[[torch.Tensor], dict]:
     """Trainer.train_step as `gpt2 train` runs it (metrics lines off: log_interval beyond the run)."""
     model = GPT(config).train()
-    settings = TrainConfig(optimizer_impl=impl, dtype=str(dtype).removeprefix("torch."), device="cpu",
-                           max_steps=10**6, log_interval=10**6, out_dir=out_dir)  # fmt: skip
+    settings = TrainConfig.from_dict(dict(optimizer_impl=impl, dtype=str(dtype).removeprefix("torch."), device="cpu",
+                           max_steps=10**6, log_interval=10**6, out_dir=out_dir))  # fmt: skip
     batches = FixedBatch()
-    trainer = Trainer(model, configure_optimizer(model, settings, CPU), settings, batches)
+    trainer = Trainer(model, configure_optimizer(model, settings.optimizer, CPU), settings, TrainingData(batches))
 
     def step(x: torch.Tensor) -> dict[str, float]:
         batches.give(x)
@@ -148,7 +148,7 @@ def bench_adamw(name: str, repeats: int) -> list[dict]:
     model = GPT(config)
     for p in model.parameters():
         p.grad = torch.randn_like(p) * 1e-3
-    optimizers = {impl: configure_optimizer(model, TrainConfig(optimizer_impl=impl), CPU)
+    optimizers = {impl: configure_optimizer(model, OptimizerConfig(impl=impl), CPU)
                   for impl in ("for-loop", "foreach", "fused")}  # fmt: skip
     times: dict[str, list[float]] = {impl: [] for impl in optimizers}
     for i in range(repeats + 1):

@@ -78,7 +78,7 @@ def test_temporaries_are_named_for_the_path_and_the_writer(tmp_path):
 
 def test_a_native_kernel_build_killed_mid_build_does_not_block_the_next(tmp_path):
     # torch's builder waits forever while its `lock` file exists; a builder killed mid-build leaves one.
-    from gpt2.inference import kernels
+    from gpt2.cpu import kernels
 
     if not kernels.kernels_available():
         pytest.skip("the native kernels do not build here")
@@ -88,7 +88,7 @@ def test_a_native_kernel_build_killed_mid_build_does_not_block_the_next(tmp_path
     shutil.copytree(built, copy, ignore=shutil.ignore_patterns("lock", kernels.BUILD_LOCK))
     (copy / "lock").write_text("")  # what a killed builder leaves
     done = run_python(
-        "from gpt2.inference.kernels import kernels_available; assert kernels_available(); print('loaded')",
+        "from gpt2.cpu.kernels import kernels_available; assert kernels_available(); print('loaded')",
         TORCH_EXTENSIONS_DIR=str(tmp_path / "extensions"),
     )
     assert done.returncode == 0 and "loaded" in done.stdout, done.stderr[-2000:]

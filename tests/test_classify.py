@@ -29,7 +29,7 @@ from gpt2.finetune.classify import (
 from gpt2.tokenizer import ByteTokenizer
 from gpt2.train.config import TrainConfig
 from gpt2.train.optimizer import configure_optimizer
-from gpt2.train.trainer import Trainer
+from gpt2.train.trainer import Trainer, TrainingData
 
 transformers = pytest.importorskip("transformers")
 
@@ -200,17 +200,21 @@ def train_toy_classifier(out_dir: Path) -> tuple[GPTForSequenceClassification, L
     val_texts, val_labels = toy_task(64, seed=1)
     labels = LabelSet.from_values(train_labels)
     model = tiny_classifier(num_labels=len(labels)).train()
-    config = TrainConfig(
+    config = TrainConfig.from_dict(dict(
         model="gpt2-tiny", max_steps=40, learning_rate=3e-3, warmup_steps=4, eval_interval=0, checkpoint_interval=0,
         sample_tokens=0, device="cpu", dtype="float32", out_dir=str(out_dir / "run"), batch_size=16,
-    )  # fmt: skip
+    ))  # fmt: skip
     block = model.config.block_size
     batches = ClassificationBatches(
         encode_texts(tokenizer, train_texts, block), [labels.id_of(x) for x in train_labels], 16, PAD, seed=0
     )
-    trainer = Trainer(model, configure_optimizer(model, config, torch.device("cpu")), config, batches,
-                      loss_fn=classification_loss)  # fmt: skip
-    for _ in range(config.max_steps):
+    trainer = Trainer(
+        model,
+        configure_optimizer(model, config.optimizer, torch.device("cpu")),
+        config,
+        TrainingData(batches, loss_fn=classification_loss),
+    )
+    for _ in range(config.schedule.max_steps):
         trainer.train_step()
     val_ids, val_label_ids = encode_texts(tokenizer, val_texts, block), [labels.id_of(x) for x in val_labels]
     val_accuracy = accuracy(model, val_ids, val_label_ids)

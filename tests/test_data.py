@@ -22,6 +22,7 @@ from gpt2.cli import main
 from gpt2.data import (
     MANIFEST_NAME,
     BatchLoader,
+    PrepareOptions,
     TokenView,
     load_split,
     prepare,
@@ -90,7 +91,9 @@ MIXED_DOCUMENTS = [
 def test_stream_is_eot_then_document_for_each_document_with_exact_gpt2_ids(tmp_path, gpt2_tokenizer):
     files = [write(tmp_path / "in" / f"{i}.txt", text) for i, text in enumerate(MIXED_DOCUMENTS)]
     # a tiny chunk size forces many cuts inside every document; the ids must not notice
-    manifest = prepare(files, tmp_path / "out", gpt2_tokenizer, val_fraction=0.0, chunk_chars=16, progress=False)
+    manifest = prepare(
+        files, tmp_path / "out", gpt2_tokenizer, PrepareOptions(val_fraction=0.0, chunk_chars=16), progress=False
+    )
     expected = stream(gpt2_tokenizer, MIXED_DOCUMENTS)
     assert load_split(tmp_path / "out", "train").tolist() == expected
     assert manifest["splits"] == {"train": len(expected), "val": 0}
@@ -123,7 +126,13 @@ def test_prepare_is_deterministic_byte_for_byte(tmp_path, gpt2_tokenizer):
     write(tmp_path / "in" / "a.txt", random_words(3000, seed=1))
     write(tmp_path / "in" / "sub" / "b.md", random_words(2000, seed=2))
     for out in ("out1", "out2"):
-        prepare([tmp_path / "in"], tmp_path / out, gpt2_tokenizer, shard_tokens=1000, chunk_chars=100, progress=False)
+        prepare(
+            [tmp_path / "in"],
+            tmp_path / out,
+            gpt2_tokenizer,
+            PrepareOptions(shard_tokens=1000, chunk_chars=100),
+            progress=False,
+        )
     names = sorted(p.name for p in (tmp_path / "out1").iterdir())
     assert names == sorted(p.name for p in (tmp_path / "out2").iterdir())
     assert MANIFEST_NAME in names and len(names) > 3
@@ -134,7 +143,9 @@ def test_prepare_is_deterministic_byte_for_byte(tmp_path, gpt2_tokenizer):
 def test_val_split_is_the_tail_of_the_stream_for_a_single_file(tmp_path, gpt2_tokenizer):
     text = random_words(5000, seed=3)
     write(tmp_path / "input.txt", text)
-    manifest = prepare([tmp_path / "input.txt"], tmp_path / "out", gpt2_tokenizer, val_fraction=0.1, progress=False)
+    manifest = prepare(
+        [tmp_path / "input.txt"], tmp_path / "out", gpt2_tokenizer, PrepareOptions(val_fraction=0.1), progress=False
+    )
     expected = stream(gpt2_tokenizer, [text])
     n_train = int(len(expected) * 0.9)  # nanoGPT's split
     assert manifest["splits"] == {"train": n_train, "val": len(expected) - n_train}
@@ -145,7 +156,11 @@ def test_val_split_is_the_tail_of_the_stream_for_a_single_file(tmp_path, gpt2_to
 def test_shards_hold_at_most_shard_tokens_and_the_boundary_shard_is_split(tmp_path):
     write(tmp_path / "a.txt", "x" * 2499)  # 2500 tokens with the EOT
     manifest = prepare(
-        [tmp_path / "a.txt"], tmp_path / "out", ByteTokenizer(), shard_tokens=1000, val_fraction=0.3, progress=False
+        [tmp_path / "a.txt"],
+        tmp_path / "out",
+        ByteTokenizer(),
+        PrepareOptions(shard_tokens=1000, val_fraction=0.3),
+        progress=False,
     )
     layout = [(s["file"], s["split"], s["tokens"]) for s in manifest["shards"]]
     assert layout == [
@@ -167,8 +182,12 @@ def test_uint16_while_the_vocabulary_fits_else_uint32(tmp_path):
     assert token_dtype(65536) == np.dtype("<u2")
     assert token_dtype(65537) == np.dtype("<u4")
     write(tmp_path / "a.txt", "hello")
-    small = prepare([tmp_path / "a.txt"], tmp_path / "bytes", ByteTokenizer(), val_fraction=0.0, progress=False)
-    wide = prepare([tmp_path / "a.txt"], tmp_path / "wide", WideTokenizer(), val_fraction=0.0, progress=False)
+    small = prepare(
+        [tmp_path / "a.txt"], tmp_path / "bytes", ByteTokenizer(), PrepareOptions(val_fraction=0.0), progress=False
+    )
+    wide = prepare(
+        [tmp_path / "a.txt"], tmp_path / "wide", WideTokenizer(), PrepareOptions(val_fraction=0.0), progress=False
+    )
     assert (small["dtype"], wide["dtype"]) == ("uint16", "uint32")
     assert (tmp_path / "wide" / "train_000000.bin").stat().st_size == 4 * 6
     tokens = load_split(tmp_path / "wide", "train")
@@ -198,7 +217,9 @@ def test_directories_are_read_recursively_in_sorted_order_skipping_hidden_and_ot
         (".dot.txt", "D"),
     ]:
         write(tmp_path / "in" / name, text)
-    manifest = prepare([tmp_path / "in"], tmp_path / "out", ByteTokenizer(), val_fraction=0.0, progress=False)
+    manifest = prepare(
+        [tmp_path / "in"], tmp_path / "out", ByteTokenizer(), PrepareOptions(val_fraction=0.0), progress=False
+    )
     assert load_split(tmp_path / "out", "train").tolist() == [256, ord("C"), 256, ord("Z"), 256, ord("B")]
     assert manifest["sources"][0]["kind"] == "directory"
     assert manifest["sources"][0]["files"] == 3
@@ -208,7 +229,11 @@ def test_a_glob_chooses_files_in_sorted_order(tmp_path):
     for name in ("2.html", "1.html", "3.txt"):
         write(tmp_path / "in" / name, name[0])
     manifest = prepare(
-        [str(tmp_path / "in" / "*.html")], tmp_path / "out", ByteTokenizer(), val_fraction=0.0, progress=False
+        [str(tmp_path / "in" / "*.html")],
+        tmp_path / "out",
+        ByteTokenizer(),
+        PrepareOptions(val_fraction=0.0),
+        progress=False,
     )
     assert load_split(tmp_path / "out", "train").tolist() == [256, ord("1"), 256, ord("2")]
     assert manifest["sources"][0]["kind"] == "glob"
@@ -237,7 +262,7 @@ def test_invalid_utf8_is_replaced_counted_and_warned_about(tmp_path, capsys):
         [tmp_path / "bad.txt", tmp_path / "genuine.txt"],
         tmp_path / "out",
         ByteTokenizer(),
-        val_fraction=0.0,
+        PrepareOptions(val_fraction=0.0),
         progress=False,
     )
     notice = capsys.readouterr().err
@@ -255,7 +280,11 @@ def test_invalid_utf8_split_across_reads_is_counted_once(tmp_path):
     # a 2-byte character cut by the read boundary is valid; a lone continuation byte is not
     write(tmp_path / "a.txt", b"ab\xc3\xa9cd\x80ef")
     manifest = prepare(
-        [tmp_path / "a.txt"], tmp_path / "out", ByteTokenizer(), val_fraction=0.0, chunk_chars=3, progress=False
+        [tmp_path / "a.txt"],
+        tmp_path / "out",
+        ByteTokenizer(),
+        PrepareOptions(val_fraction=0.0, chunk_chars=3),
+        progress=False,
     )
     assert manifest["invalid_utf8"]["replacements"] == 1
     assert ByteTokenizer().decode(load_split(tmp_path / "out", "train")[1:].tolist()) == "abécd\ufffdef"
@@ -264,7 +293,9 @@ def test_invalid_utf8_split_across_reads_is_counted_once(tmp_path):
 def test_empty_files_are_skipped_and_recorded(tmp_path):
     write(tmp_path / "in" / "a.txt", "A")
     write(tmp_path / "in" / "b.txt", "")
-    manifest = prepare([tmp_path / "in"], tmp_path / "out", ByteTokenizer(), val_fraction=0.0, progress=False)
+    manifest = prepare(
+        [tmp_path / "in"], tmp_path / "out", ByteTokenizer(), PrepareOptions(val_fraction=0.0), progress=False
+    )
     assert load_split(tmp_path / "out", "train").tolist() == [256, ord("A")]
     assert manifest["empty_files"] == {"count": 1, "files": [str(tmp_path / "in" / "b.txt")]}
     assert manifest["documents"] == 1
@@ -280,7 +311,11 @@ def test_a_word_longer_than_a_chunk_is_cut_losslessly_and_counted(tmp_path, gpt2
     text = "abcdefghij" * 1000  # 10,000 characters, no whitespace
     write(tmp_path / "a.txt", text)
     manifest = prepare(
-        [tmp_path / "a.txt"], tmp_path / "out", gpt2_tokenizer, val_fraction=0.0, chunk_chars=1024, progress=False
+        [tmp_path / "a.txt"],
+        tmp_path / "out",
+        gpt2_tokenizer,
+        PrepareOptions(val_fraction=0.0, chunk_chars=1024),
+        progress=False,
     )
     assert manifest["forced_splits"] == 9
     tokens = load_split(tmp_path / "out", "train").tolist()
@@ -296,7 +331,11 @@ def test_jsonl_records_are_documents_read_from_the_named_field(tmp_path, gpt2_to
     lines = [json.dumps(r, ensure_ascii=False) for r in records]
     write(tmp_path / "c.jsonl", "\n".join(lines[:2]) + "\n\n" + lines[2] + "\n")
     manifest = prepare(
-        [tmp_path / "c.jsonl"], tmp_path / "out", gpt2_tokenizer, jsonl_field="body", val_fraction=0.0, progress=False
+        [tmp_path / "c.jsonl"],
+        tmp_path / "out",
+        gpt2_tokenizer,
+        PrepareOptions(jsonl_field="body", val_fraction=0.0),
+        progress=False,
     )
     expected = stream(gpt2_tokenizer, ["First record.\n", "Third, with 東京."])
     assert load_split(tmp_path / "out", "train").tolist() == expected
@@ -325,7 +364,7 @@ def test_a_bad_jsonl_line_is_a_value_error_naming_file_and_line(tmp_path, conten
 def test_a_dataset_name_without_the_datasets_library_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # import fails as if not installed
     with pytest.raises(ValueError, match=r"needs the `datasets` library.*pip install"):
-        prepare([], tmp_path / "out", ByteTokenizer(), dataset="someone/corpus", progress=False)
+        prepare([], tmp_path / "out", ByteTokenizer(), PrepareOptions(dataset="someone/corpus"), progress=False)
 
 
 def test_dataset_records_are_documents_after_the_files(tmp_path, monkeypatch):
@@ -341,9 +380,7 @@ def test_dataset_records_are_documents_after_the_files(tmp_path, monkeypatch):
         [tmp_path / "a.txt"],
         tmp_path / "out",
         ByteTokenizer(),
-        dataset="someone/corpus",
-        dataset_config="small",
-        val_fraction=0.0,
+        PrepareOptions(dataset="someone/corpus", dataset_config="small", val_fraction=0.0),
         progress=False,
     )
     assert calls == [("someone/corpus", "small", "train", True)]
@@ -357,11 +394,18 @@ def test_dataset_records_are_documents_after_the_files(tmp_path, monkeypatch):
 def test_existing_output_is_kept_unless_overwrite_and_then_stale_shards_go(tmp_path):
     write(tmp_path / "big.txt", "x" * 2999)
     write(tmp_path / "small.txt", "y")
-    prepare([tmp_path / "big.txt"], tmp_path / "out", ByteTokenizer(), shard_tokens=1000, progress=False)
+    prepare(
+        [tmp_path / "big.txt"], tmp_path / "out", ByteTokenizer(), PrepareOptions(shard_tokens=1000), progress=False
+    )
     with pytest.raises(FileExistsError, match="overwrite"):
         prepare([tmp_path / "small.txt"], tmp_path / "out", ByteTokenizer(), progress=False)
     prepare(
-        [tmp_path / "small.txt"], tmp_path / "out", ByteTokenizer(), val_fraction=0.0, overwrite=True, progress=False
+        [tmp_path / "small.txt"],
+        tmp_path / "out",
+        ByteTokenizer(),
+        PrepareOptions(val_fraction=0.0),
+        overwrite=True,
+        progress=False,
     )
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [MANIFEST_NAME, "train_000000.bin"]
     assert load_split(tmp_path / "out", "train").tolist() == [256, ord("y")]

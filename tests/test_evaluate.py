@@ -233,11 +233,11 @@ def test_perplexity_of_text_without_the_prefix_and_with_max_tokens() -> None:
 
 
 def test_perplexity_of_split_refuses_data_tokenized_by_another_tokenizer(tmp_path: Path, gpt2_bpe_dir: Path) -> None:
-    from gpt2.data import prepare
+    from gpt2.data import PrepareOptions, prepare
 
     source = tmp_path / "corpus.txt"
     source.write_text("a a a a é é q a\n" * 50, encoding="utf-8")
-    prepare([source], tmp_path / "shards", ByteTokenizer(), val_fraction=0.2, progress=False)
+    prepare([source], tmp_path / "shards", ByteTokenizer(), PrepareOptions(val_fraction=0.2), progress=False)
     with pytest.raises(ValueError, match="was tokenized with"):
         perplexity_of_split(zero_model(), load_tokenizer(gpt2_bpe_dir), tmp_path / "shards", "val")
 
@@ -605,12 +605,12 @@ def test_cli_perplexity_in_an_inference_precision_stays_near_the_trained_model(
 
 
 def test_cli_perplexity_on_prepared_shards(tmp_path: Path, model_dir: Path) -> None:
-    from gpt2.data import load_split, prepare
+    from gpt2.data import PrepareOptions, load_split, prepare
 
     source = tmp_path / "corpus.txt"
     source.write_text("a a a a é é q a\n" * 50, encoding="utf-8")
     shards = tmp_path / "shards"
-    prepare([source], shards, ByteTokenizer(), val_fraction=0.2, progress=False)
+    prepare([source], shards, ByteTokenizer(), PrepareOptions(val_fraction=0.2), progress=False)
     out = tmp_path / "ppl.json"
     argv = ["eval", "perplexity", "--model", str(model_dir), "--data", str(shards), "--out", str(out)]
     assert main(argv) == 0

@@ -40,7 +40,7 @@ from gpt2.tokenizer.chat import CHAT_TEMPLATE, CHAT_TEMPLATE_FILE, encode_chat, 
 from gpt2.train.checkpoint import latest_checkpoint
 from gpt2.train.config import TrainConfig
 from gpt2.train.optimizer import configure_optimizer
-from gpt2.train.trainer import Trainer
+from gpt2.train.trainer import Trainer, TrainingData
 
 transformers = pytest.importorskip("transformers")
 
@@ -349,9 +349,10 @@ def test_a_run_killed_before_its_first_checkpoint_restarts_in_place(
 def test_finetune_settings_use_the_training_set_parser() -> None:
     config = FinetuneConfig.from_settings(["max_steps=5", "train.warmup_steps=1", "lora=yes", "lora_rank=4",
                                            "batch_size=auto", "log_to=tensorboard", "learning_rate=3e-4"])  # fmt: skip
-    assert (config.train.max_steps, config.train.warmup_steps, config.lora, config.lora_rank) == (5, 1, True, 4)
-    assert (config.batch_size, config.train.log_to, config.learning_rate) == ("auto", ("tensorboard",), 3e-4)
-    assert config.train.weight_decay == 0.0  # fine-tuning's default, not pretraining's
+    schedule = config.train.schedule
+    assert (schedule.max_steps, schedule.warmup_steps, config.lora, config.lora_rank) == (5, 1, True, 4)
+    assert (config.batch_size, config.train.output.log_to, config.learning_rate) == ("auto", ("tensorboard",), 3e-4)
+    assert config.train.optimizer.weight_decay == 0.0  # fine-tuning's default, not pretraining's
     with pytest.raises(ValueError, match="max_steps must be int, got 'many'"):
         FinetuneConfig.from_settings(["max_steps=many"])
     with pytest.raises(ValueError, match=r"unknown fine-tuning key\(s\) \['nope'\]"):
@@ -461,12 +462,17 @@ def test_trainer_save_and_resume_a_classifier_give_the_uninterrupted_weights(tmp
     def trainer(out: Path) -> Trainer:
         torch.manual_seed(0)
         model = GPTForSequenceClassification(GPTConfig.from_name("gpt2-tiny", vocab_size=64, block_size=16), 2)
-        config = TrainConfig(data="-", tokenizer="bytes", block_size=16, batch_size=4, max_steps=6, warmup_steps=1,
-                             learning_rate=1e-2, out_dir=str(out), device="cpu", dtype="float32", seed=0)  # fmt: skip
+        config = TrainConfig.from_dict(dict(data="-", tokenizer="bytes", block_size=16, batch_size=4, max_steps=6,
+                                            warmup_steps=1, learning_rate=1e-2, out_dir=str(out), device="cpu",
+                                            dtype="float32", seed=0))  # fmt: skip
         ids = [[(i * 7 + j) % 63 + 1 for j in range(3 + i % 5)] for i in range(20)]
         batches = ClassificationBatches(ids, [i % 2 for i in range(20)], 4, pad_token_id=0, seed=0)
-        return Trainer(model, configure_optimizer(model, config, torch.device("cpu")), config, batches,
-                       loss_fn=classification_loss)  # fmt: skip
+        return Trainer(
+            model,
+            configure_optimizer(model, config.optimizer, torch.device("cpu")),
+            config,
+            TrainingData(batches, loss_fn=classification_loss),
+        )
 
     whole = trainer(tmp_path / "whole")
     for _ in range(6):

@@ -472,7 +472,7 @@ def test_bfloat16_model_generates_close_to_float32(model: GPT, monkeypatch: pyte
 
 
 def test_split_linear_layout_computes_exactly_the_linear_layer() -> None:
-    from gpt2.inference import SplitLinear
+    from gpt2.cpu import SplitLinear
 
     torch.manual_seed(SEED)
     linear = torch.nn.Linear(64, 301)  # 301 is not a multiple of 4: the last block is padded
@@ -482,7 +482,7 @@ def test_split_linear_layout_computes_exactly_the_linear_layer() -> None:
 
 
 def test_model_optimized_for_inference_gives_the_same_logits_and_tokens(model: GPT) -> None:
-    from gpt2.inference import optimize_for_inference
+    from gpt2.cpu import optimize_for_inference
 
     idx = torch.tensor(prompts([8, 8]))
     reference_logits = model(idx).logits
@@ -494,7 +494,7 @@ def test_model_optimized_for_inference_gives_the_same_logits_and_tokens(model: G
 
 
 def test_int8_kernel_computes_the_dequantized_linear() -> None:
-    from gpt2.inference import Int8Linear
+    from gpt2.cpu import Int8Linear
 
     torch.manual_seed(SEED)
     layer = Int8Linear.from_linear(torch.nn.Linear(64, 301), dtype=torch.bfloat16)  # odd width, like V
@@ -505,7 +505,7 @@ def test_int8_kernel_computes_the_dequantized_linear() -> None:
 
 
 def test_int8_weights_stay_close_to_the_float_model(model: GPT, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpt2.inference import quantize_int8
+    from gpt2.cpu import quantize_int8
 
     idx = torch.tensor(prompts([8, 8]))
     full = model(idx).logits[:, -1]
@@ -529,7 +529,7 @@ def test_draw_follows_the_probabilities_and_never_picks_a_zero() -> None:
 
 
 def test_int4_codes_give_each_weight_back_within_half_a_step() -> None:
-    from gpt2.inference import Int4Linear
+    from gpt2.cpu import Int4Linear
 
     weight = torch.randn(48, 96, generator=torch.Generator().manual_seed(SEED))
     codes, scale, minimum = Int4Linear.quantize_groups(weight, group_size=32)
@@ -539,7 +539,7 @@ def test_int4_codes_give_each_weight_back_within_half_a_step() -> None:
 
 
 def test_int4_kernel_computes_the_dequantized_linear() -> None:
-    from gpt2.inference import Int4Linear
+    from gpt2.cpu import Int4Linear
 
     torch.manual_seed(SEED)
     linear = torch.nn.Linear(64, 301)  # odd width, like V
@@ -551,7 +551,7 @@ def test_int4_kernel_computes_the_dequantized_linear() -> None:
 
 
 def test_int4_weights_stay_close_to_the_float_model(model: GPT, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpt2.inference import prepare_for_inference
+    from gpt2.cpu import prepare_for_inference
 
     idx = torch.tensor(prompts([8, 8]))
     full = model(idx).logits[:, -1]
@@ -563,7 +563,7 @@ def test_int4_weights_stay_close_to_the_float_model(model: GPT, monkeypatch: pyt
 
 
 def test_int4_needs_inputs_in_whole_groups() -> None:
-    from gpt2.inference import Int4Linear
+    from gpt2.cpu import Int4Linear
 
     with pytest.raises(ValueError, match="int4 needs in_features divisible by 32"):
         Int4Linear.from_linear(torch.nn.Linear(48, 8))

@@ -184,7 +184,7 @@ def test_bad_token_ids_are_refused(model: GPT) -> None:
 
 
 def test_the_model_in_an_inference_layout_gives_the_same_activations(model: GPT, idx: torch.Tensor) -> None:
-    from gpt2.inference import optimize_for_inference
+    from gpt2.cpu import optimize_for_inference
 
     with torch.no_grad():
         logits, cache = run_with_cache(model, idx, "blocks.1.hook_mlp_out")

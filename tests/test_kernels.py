@@ -13,13 +13,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import gpt2.inference.kernels as kernels
-import gpt2.inference.layouts as layouts
+import gpt2.cpu.kernels as kernels
+import gpt2.cpu.layouts as layouts
 from gpt2.config import GPTConfig
-from gpt2.inference import Int4Linear, Int8Linear, SplitLinear, prepare_for_inference, stream
-from gpt2.inference.decoder import FLOAT32_MAX_ROWS, native_decoder
-from gpt2.inference.generation import DecodeOptions, left_pad
-from gpt2.inference.kernels import (
+from gpt2.cpu import Int4Linear, Int8Linear, SplitLinear, prepare_for_inference
+from gpt2.cpu.decoder import FLOAT32_MAX_ROWS, native_decoder
+from gpt2.cpu.kernels import (
     KIND,
     MANY_ROWS,
     SOURCE,
@@ -34,6 +33,8 @@ from gpt2.inference.kernels import (
     unpack_int8,
     use_native_kernels,
 )
+from gpt2.inference import stream
+from gpt2.inference.generation import DecodeOptions, left_pad
 from gpt2.inference.sampling import SamplingParams
 from gpt2.model import GPT, KVCache
 from gpt2.serve.batch import DecodeBatch

@@ -9,7 +9,7 @@ never sideways into another subpackage of its own layer):
     train | serve | inspect
     api (the facade) | eval
     data | inference | export
-    tokenizer | weights
+    tokenizer | weights | cpu (the CPU inference runtime)
     model | weights.hub (the one network boundary)
     config | runtime
 """
@@ -26,7 +26,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "src" / "gpt2"
 LAYERS: list[tuple[str, ...]] = [
     ("gpt2.config", "gpt2.runtime"),
     ("gpt2.model", "gpt2.weights.hub"),
-    ("gpt2.tokenizer", "gpt2.weights"),
+    ("gpt2.tokenizer", "gpt2.weights", "gpt2.cpu"),
     ("gpt2.data", "gpt2.inference", "gpt2.export"),
     ("gpt2.api", "gpt2.eval"),
     ("gpt2.train", "gpt2.serve", "gpt2.inspect"),

@@ -12,7 +12,7 @@ from gpt2.api import LLM
 from gpt2.config import GPTConfig
 from gpt2.inference.sampling import SamplingParams
 from gpt2.model import GPT
-from gpt2.serve.engine import Engine, SequenceOutput, SequenceRequest
+from gpt2.serve import Engine, SequenceOutput, SequenceRequest
 from gpt2.tokenizer import ByteTokenizer
 
 WAIT_SECONDS = 60

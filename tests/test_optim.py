@@ -22,7 +22,7 @@ import gpt2.train.trainer as trainer
 from gpt2.config import GPTConfig
 from gpt2.model import GPT
 from gpt2.train import train
-from gpt2.train.config import TrainConfig
+from gpt2.train.config import OptimizerConfig, TrainConfig
 from gpt2.train.muon import NS_COEFFICIENTS, MuonAdamW
 from gpt2.train.optimizer import apply_schedule, configure_optimizer, muon_parameter_groups
 from gpt2.train.schedule import learning_rate_at, wsd_learning_rate_at
@@ -42,7 +42,7 @@ PINNED_LOSSES = ["0x1.62b1840000000p+2", "0x1.51d3a00000000p+2", "0x1.3d4b5e0000
 PINNED_WEIGHTS = "bcee4a3b64d5436939583416563ff17aa959660cfdbc16006ae4f66b813c9d17"
 
 
-def adamw_as_before(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+def adamw_as_before(model: torch.nn.Module, config: OptimizerConfig, device: torch.device) -> torch.optim.Optimizer:
     """configure_optimizer as commit 9f0c897 wrote it: fused AdamW, 2-D tensors decayed, 1-D ones not."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": config.weight_decay},
@@ -53,8 +53,9 @@ def adamw_as_before(model: torch.nn.Module, config: TrainConfig, device: torch.d
 
 def schedule_as_before(optimizer: torch.optim.Optimizer, config: TrainConfig, step: int) -> float:
     """The Trainer's LR of commit 9f0c897: warmup then cosine to min_lr, one LR for every group."""
-    lr = learning_rate_at(step, max_lr=config.learning_rate, min_lr=config.min_lr, warmup_steps=config.warmup_steps,
-                          decay_steps=config.max_steps)  # fmt: skip
+    schedule = config.schedule
+    lr = learning_rate_at(step, max_lr=config.optimizer.learning_rate, min_lr=config.min_lr,
+                          warmup_steps=schedule.warmup_steps, decay_steps=schedule.max_steps)  # fmt: skip
     for group in optimizer.param_groups:
         group["lr"] = lr
     return lr
@@ -71,10 +72,10 @@ def weights_digest(out_dir: Path) -> str:
 
 def test_adamw_reproduces_the_recipe_from_before_the_optimizer_setting_bit_for_bit(tmp_path, monkeypatch):
     config = tiny_config(tmp_path / "now", max_steps=6, warmup_steps=2, eval_interval=0, checkpoint_interval=0)
-    assert config.optimizer == "adamw" and config.lr_schedule == "cosine"  # the defaults
+    assert config.optimizer.name == "adamw" and config.schedule.lr_schedule == "cosine"  # the defaults
     result = train(config)
-    losses, digest = [float(loss).hex() for loss in result.losses], weights_digest(Path(config.out_dir))
-    assert isinstance(configure_optimizer(GPT(config.model_config(300)), config, CPU), torch.optim.AdamW)
+    losses, digest = [float(loss).hex() for loss in result.losses], weights_digest(Path(config.output.out_dir))
+    assert isinstance(configure_optimizer(GPT(config.model_config(300)), config.optimizer, CPU), torch.optim.AdamW)
     if torch.backends.cpu.get_cpu_capability() == PINNED_CAPABILITY:
         assert (losses, digest) == (PINNED_LOSSES, PINNED_WEIGHTS)
     # On this machine: the same run with the optimizer and schedule as that commit built them
@@ -164,10 +165,10 @@ def test_muon_refuses_a_non_matrix_parameter():
 
 # ------------------------------------------------------------------------------- parameter groups
 def test_muon_gets_exactly_the_blocks_matrices_and_adamw_everything_else():
-    config = TrainConfig(optimizer="muon", n_layer=2, n_head=2, n_embd=32, block_size=16)
+    config = TrainConfig.from_dict(dict(optimizer="muon", n_layer=2, n_head=2, n_embd=32, block_size=16))
     model = GPT(config.model_config(vocab_size=300))
     names = {id(p): name for name, p in model.named_parameters()}
-    muon, decay, no_decay = muon_parameter_groups(model, config)
+    muon, decay, no_decay = muon_parameter_groups(model, config.optimizer)
     assert muon["use_muon"] and not decay["use_muon"] and not no_decay["use_muon"]
     assert {names[id(p)] for p in muon["params"]} == {
         f"transformer.h.{i}.{name}.weight" for i in range(2)
@@ -179,10 +180,10 @@ def test_muon_gets_exactly_the_blocks_matrices_and_adamw_everything_else():
     grouped = [id(p) for group in (muon, decay, no_decay) for p in group["params"]]
     assert sorted(grouped) == sorted(id(p) for p in model.parameters())
     assert (muon["max_lr"], muon["weight_decay"], decay["max_lr"], decay["weight_decay"], no_decay["weight_decay"]) == (
-        config.muon_lr,
-        config.muon_weight_decay,
-        config.learning_rate,
-        config.weight_decay,
+        config.optimizer.muon_lr,
+        config.optimizer.muon_weight_decay,
+        config.optimizer.learning_rate,
+        config.optimizer.weight_decay,
         0.0,
     )
 
@@ -207,10 +208,10 @@ def test_wsd_warms_up_holds_the_peak_then_decays_linearly_to_the_floor():
 
 
 def test_each_group_follows_the_schedule_from_its_own_peak_and_muon_momentum_warms_up():
-    config = TrainConfig(optimizer="muon", n_layer=1, n_head=2, n_embd=32, block_size=16, max_steps=10,
+    config = TrainConfig.from_dict(dict(optimizer="muon", n_layer=1, n_head=2, n_embd=32, block_size=16, max_steps=10,
                          warmup_steps=2, learning_rate=1e-3, muon_lr=0.05, lr_schedule="wsd", decay_fraction=0.5,
-                         muon_momentum_warmup_steps=4)  # fmt: skip
-    optimizer = configure_optimizer(GPT(config.model_config(300)), config, CPU)
+                         muon_momentum_warmup_steps=4))  # fmt: skip
+    optimizer = configure_optimizer(GPT(config.model_config(300)), config.optimizer, CPU)
     for step in range(10):
         logged = apply_schedule(optimizer, config, step)
         settings = dict(min_lr=0.0, warmup_steps=2, decay_steps=10, decay_fraction=0.5)
@@ -227,7 +228,7 @@ def test_the_loop_logs_the_wsd_schedule(tmp_path):
     train(config)
     from test_train import metric_lines
 
-    logged = [r["lr"] for r in metric_lines(Path(config.out_dir)) if "lr" in r]
+    logged = [r["lr"] for r in metric_lines(Path(config.output.out_dir)) if "lr" in r]
     assert logged == [wsd_learning_rate_at(s, max_lr=1e-2, min_lr=1e-3, warmup_steps=1, decay_steps=6,
                                            decay_fraction=0.5) for s in range(6)]  # fmt: skip
     assert logged != [learning_rate_at(s, max_lr=1e-2, min_lr=1e-3, warmup_steps=1, decay_steps=6) for s in range(6)]
@@ -246,13 +247,13 @@ def test_muon_with_grad_accumulation_steps_on_the_mean_gradient_of_the_micro_bat
     # the same 4 rows as one batch, or as 2 micro-batches of 2 accumulated: the same Muon step (float32
     # Newton-Schulz, which auto picks on most CPUs: the comparison is at float32's tolerance)
     torch.manual_seed(0)
-    config = TrainConfig(optimizer="muon", n_layer=1, n_head=2, n_embd=32, block_size=16, weight_decay=0.1,
-                         muon_ns_dtype="float32")  # fmt: skip
+    config = TrainConfig.from_dict(dict(optimizer="muon", n_layer=1, n_head=2, n_embd=32, block_size=16,
+                                        weight_decay=0.1, muon_ns_dtype="float32"))  # fmt: skip
     one = GPT(config.model_config(vocab_size=64))
     two = GPT(config.model_config(vocab_size=64))
     two.load_state_dict(one.state_dict())
     x = torch.randint(0, 64, (4, 17))
-    optimizers = [configure_optimizer(model, config, CPU) for model in (one, two)]
+    optimizers = [configure_optimizer(model, config.optimizer, CPU) for model in (one, two)]
     for _ in range(2):
         one(x[:, :-1], x[:, 1:]).loss.backward()
         for half in (x[:2], x[2:]):
@@ -284,9 +285,9 @@ def test_muon_trains_under_each_training_setting(tmp_path, settings):
 @pytest.mark.parametrize("fast_bfloat16", [True, False])
 def test_newton_schulz_runs_in_bfloat16_on_cpus_that_multiply_it_fast(fast_bfloat16, monkeypatch):
     monkeypatch.setattr(optimizer_module, "cpu_prefers_bf16", lambda: fast_bfloat16)
-    config = TrainConfig(optimizer="muon")
+    config = TrainConfig.from_dict(dict(optimizer="muon"))
     optimizer = configure_optimizer(GPT(GPTConfig(vocab_size=64, block_size=8, n_layer=1, n_head=2, n_embd=16)),
-                                    config, CPU)  # fmt: skip
+                                    config.optimizer, CPU)  # fmt: skip
     assert isinstance(optimizer, MuonAdamW)
     assert optimizer.ns_dtype == (torch.bfloat16 if fast_bfloat16 else torch.float32)
 
@@ -317,7 +318,7 @@ def test_muon_resumes_exactly_after_sigkill(tmp_path):
         import os, signal
         import torch
         from gpt2.train import train
-        from gpt2.train.config import TrainConfig
+        from gpt2.train.config import OptimizerConfig, TrainConfig
         from gpt2.train.trainer import Trainer
 
         step = Trainer.train_step
@@ -334,16 +335,16 @@ def test_muon_resumes_exactly_after_sigkill(tmp_path):
     resumed = train(killed, resume=True)
     assert (resumed.start_step, resumed.step) == (4, 8)
     assert resumed.losses == straight.losses[4:]
-    a, b = read_weights(Path(whole.out_dir)), read_weights(Path(killed.out_dir))
+    a, b = read_weights(Path(whole.output.out_dir)), read_weights(Path(killed.output.out_dir))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_frozen_block_matrices_leave_no_muon_group():
     model = GPT(GPTConfig.from_name("gpt2-tiny", vocab_size=64, n_layer=1, n_head=2, n_embd=32, block_size=16))
-    config = TrainConfig(optimizer="muon", n_layer=1, n_head=2, n_embd=32, block_size=16)
+    config = TrainConfig.from_dict(dict(optimizer="muon", n_layer=1, n_head=2, n_embd=32, block_size=16))
     for p in model.transformer.h.parameters():  # only the embeddings and final LayerNorm trainable
         p.requires_grad_(False)
-    optimizer = configure_optimizer(model, config, CPU)
+    optimizer = configure_optimizer(model, config.optimizer, CPU)
     assert not any(group["use_muon"] for group in optimizer.param_groups)
 
 
@@ -363,6 +364,6 @@ def test_gpt2_finetune_trains_with_muon(tmp_path: Path) -> None:
                    "--set", "batch_size=4", "--set", "block_size=32"])  # fmt: skip
     assert status == 0
     (checkpoint,) = (tmp_path / "out" / "checkpoints").glob("step_*")
-    assert json.loads((checkpoint / "train_config.json").read_text())["optimizer"] == "muon"
+    assert json.loads((checkpoint / "train_config.json").read_text())["optimizer"]["name"] == "muon"
     losses = [json.loads(line)["loss"] for line in (tmp_path / "out" / "metrics.jsonl").open() if '"loss"' in line]
     assert losses and all(math.isfinite(loss) for loss in losses) and losses[-1] < losses[0]

@@ -26,7 +26,7 @@ from conftest import REPO_ROOT
 pytestmark = pytest.mark.slow  # a build, a venv and a 5-step training run (~1 minute)
 
 DISTRIBUTION = "gpt2-faithful"
-KERNEL_SOURCE = "gpt2/inference/csrc/cpu_decode.cpp"
+KERNEL_SOURCE = "gpt2/cpu/csrc/cpu_decode.cpp"
 
 
 def run(command: list[str], **options: object) -> subprocess.CompletedProcess[str]:
@@ -90,7 +90,7 @@ def test_the_wheel_in_a_fresh_venv_runs_gpt2_help_and_a_5_step_training(dist: Pa
     located = run([str(python), "-c", "import gpt2; print(gpt2.__file__)"], env=env, cwd=tmp_path).stdout
     assert located.startswith(site), located
     assert "usage: gpt2" in run([str(command), "--help"], env=env, cwd=tmp_path).stdout
-    source = "from gpt2.inference.kernels import SOURCE; print(SOURCE.is_file(), SOURCE)"  # compiled on first use
+    source = "from gpt2.cpu.kernels import SOURCE; print(SOURCE.is_file(), SOURCE)"  # compiled on first use
     assert run([str(python), "-c", source], env=env, cwd=tmp_path).stdout.startswith(f"True {site}")
 
     out = tmp_path / "run"

@@ -4,6 +4,7 @@ dataset, and a CPU dry run of the GPT-2 124M recipe (docs/reproduce-gpt2-124m.md
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -20,7 +21,7 @@ import pytest
 import torch
 
 from gpt2.cli import main
-from gpt2.data import MANIFEST_NAME, BatchLoader, TokenView, load_split, prepare, save_token_shards
+from gpt2.data import MANIFEST_NAME, BatchLoader, PrepareOptions, TokenView, load_split, prepare, save_token_shards
 from gpt2.data.prepare import STAGING_DIR
 from gpt2.data.progress import PROGRESS_NAME
 from gpt2.tokenizer import ByteTokenizer
@@ -61,7 +62,7 @@ def folder_bytes(folder: Path) -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
 
 
-SMALL = {"shard_tokens": 500, "chunk_chars": 64, "progress": False}  # many stream files, many batches
+SMALL = PrepareOptions(shard_tokens=500, chunk_chars=64)  # many stream files, many batches
 
 
 # ----------------------------------------------------------------------------------------------- TokenView
@@ -262,7 +263,7 @@ def reference(tmp_path) -> tuple[Path, Path, int]:
     by the number of cores, so points of failure are chosen as fractions of it)."""
     corpus = write_corpus(tmp_path / "corpus")
     counter = FailingTokenizer()
-    prepare([corpus], tmp_path / "reference", counter, **SMALL)
+    prepare([corpus], tmp_path / "reference", counter, SMALL, progress=False)
     assert counter.calls >= 8, "the corpus must take several batches"
     return corpus, tmp_path / "reference", counter.calls
 
@@ -272,15 +273,15 @@ def test_prepare_interrupted_by_an_error_resumes_to_the_same_bytes(tmp_path, ref
     corpus, expected, calls = reference
     out = tmp_path / "out"
     with pytest.raises(Interrupted):
-        prepare([corpus], out, FailingTokenizer(max(3, round(calls * fraction))), **SMALL)
+        prepare([corpus], out, FailingTokenizer(max(3, round(calls * fraction))), SMALL, progress=False)
     assert (out / STAGING_DIR / PROGRESS_NAME).is_file() and not (out / MANIFEST_NAME).exists()
     messages: list[str] = []
     resumed = FailingTokenizer()
-    prepare([corpus], out, resumed, log=messages.append, **SMALL)
+    prepare([corpus], out, resumed, SMALL, log=messages.append, progress=False)
     assert folder_bytes(out) == folder_bytes(expected)  # shards and manifest, byte for byte; staging gone
     assert len(messages) == 1 and messages[0].startswith("resuming: ")
     full = FailingTokenizer()
-    prepare([corpus], tmp_path / "again", full, **SMALL)
+    prepare([corpus], tmp_path / "again", full, SMALL, progress=False)
     assert resumed.characters < full.characters  # the finished stream files were not tokenized again
 
 
@@ -289,8 +290,8 @@ def test_prepare_interrupted_twice_resumes_from_the_later_point(tmp_path, refere
     out = tmp_path / "out"
     for _ in range(2):  # the second run resumes, then fails as many batches further on
         with pytest.raises(Interrupted):
-            prepare([corpus], out, FailingTokenizer(calls // 3), **SMALL)
-    prepare([corpus], out, ByteTokenizer(), **SMALL)
+            prepare([corpus], out, FailingTokenizer(calls // 3), SMALL, progress=False)
+    prepare([corpus], out, ByteTokenizer(), SMALL, progress=False)
     assert folder_bytes(out) == folder_bytes(expected)
 
 
@@ -300,7 +301,7 @@ def test_prepare_killed_after_the_first_shard_resumes_to_the_same_bytes(tmp_path
     script = textwrap.dedent(f"""
         import os, signal
         from pathlib import Path
-        from gpt2.data import prepare
+        from gpt2.data import PrepareOptions, prepare
         from gpt2.tokenizer import ByteTokenizer
 
         progress = Path({str(out / STAGING_DIR / PROGRESS_NAME)!r})
@@ -311,13 +312,14 @@ def test_prepare_killed_after_the_first_shard_resumes_to_the_same_bytes(tmp_path
                     os.kill(os.getpid(), signal.SIGKILL)
                 return super().encode_batch(texts, **options)
 
-        prepare([{str(corpus)!r}], {str(out)!r}, KilledAfterFirstShard(), **{SMALL!r})
+        small = PrepareOptions(shard_tokens={SMALL.shard_tokens}, chunk_chars={SMALL.chunk_chars})
+        prepare([{str(corpus)!r}], {str(out)!r}, KilledAfterFirstShard(), small, progress=False)
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
     staged = sorted(p.name for p in (out / STAGING_DIR).iterdir())
     assert PROGRESS_NAME in staged and len(staged) >= 3  # progress, a finished file, the one being written
-    prepare([corpus], out, ByteTokenizer(), **SMALL)
+    prepare([corpus], out, ByteTokenizer(), SMALL, progress=False)
     assert folder_bytes(out) == folder_bytes(expected)
 
 
@@ -325,11 +327,11 @@ def test_a_changed_input_starts_over(tmp_path, reference):
     corpus, _, calls = reference
     out = tmp_path / "out"
     with pytest.raises(Interrupted):
-        prepare([corpus], out, FailingTokenizer(calls // 2), **SMALL)
+        prepare([corpus], out, FailingTokenizer(calls // 2), SMALL, progress=False)
     (corpus / "doc3.txt").write_text(words(700, seed=99), encoding="utf-8")
     messages: list[str] = []
-    prepare([corpus], out, ByteTokenizer(), log=messages.append, **SMALL)
-    prepare([corpus], tmp_path / "fresh", ByteTokenizer(), **SMALL)
+    prepare([corpus], out, ByteTokenizer(), SMALL, log=messages.append, progress=False)
+    prepare([corpus], tmp_path / "fresh", ByteTokenizer(), SMALL, progress=False)
     assert messages == [
         f"starting over in {out / STAGING_DIR}: the earlier run had other sources, settings or tokenizer"
     ]
@@ -340,11 +342,11 @@ def test_a_damaged_finished_file_starts_over(tmp_path, reference):
     corpus, expected, calls = reference
     out = tmp_path / "out"
     with pytest.raises(Interrupted):
-        prepare([corpus], out, FailingTokenizer(calls // 2), **SMALL)
+        prepare([corpus], out, FailingTokenizer(calls // 2), SMALL, progress=False)
     first = out / STAGING_DIR / "stream_000000.bin"
     first.write_bytes(bytes(first.stat().st_size))  # same size, other content
     messages: list[str] = []
-    prepare([corpus], out, ByteTokenizer(), log=messages.append, **SMALL)
+    prepare([corpus], out, ByteTokenizer(), SMALL, log=messages.append, progress=False)
     assert messages == [
         f"starting over in {out / STAGING_DIR}: finished stream file stream_000000.bin does not match its sha256"
     ]
@@ -354,13 +356,13 @@ def test_a_damaged_finished_file_starts_over(tmp_path, reference):
 def test_a_failure_before_any_finished_file_leaves_nothing_to_resume(tmp_path, reference):
     corpus, _, _ = reference
     with pytest.raises(Interrupted):
-        prepare([corpus], tmp_path / "out", FailingTokenizer(1), **SMALL)
+        prepare([corpus], tmp_path / "out", FailingTokenizer(1), SMALL, progress=False)
     assert not (tmp_path / "out" / STAGING_DIR).exists()
 
 
 def test_prepare_shows_tokens_per_second_and_the_time_left(tmp_path, capsys):
     corpus = write_corpus(tmp_path / "corpus")
-    prepare([corpus], tmp_path / "out", ByteTokenizer(), shard_tokens=500, chunk_chars=64, progress=True)
+    prepare([corpus], tmp_path / "out", ByteTokenizer(), SMALL, progress=True)
     bar = capsys.readouterr().err
     assert "tok/s" in bar and "tokenizing" in bar
     assert re.search(r"<\d\d:\d\d", bar)  # elapsed<remaining: the time left, estimated from the bytes read
@@ -409,13 +411,13 @@ def test_a_dataset_run_resumes_after_an_error(tmp_path):
     pytest.importorskip("datasets")
     documents = [words(random.Random(i).randint(1, 60), seed=300 + i) for i in range(60)]
     dataset = str(fineweb_lookalike(tmp_path / "fineweb", documents))
-    settings = dict(dataset=dataset, dataset_config="sample-10BT", **SMALL)
+    options = dataclasses.replace(SMALL, dataset=dataset, dataset_config="sample-10BT")
     counter = FailingTokenizer()
-    prepare([], tmp_path / "reference", counter, **settings)
+    prepare([], tmp_path / "reference", counter, options, progress=False)
     with pytest.raises(Interrupted):
-        prepare([], tmp_path / "out", FailingTokenizer(max(3, counter.calls // 2)), **settings)
+        prepare([], tmp_path / "out", FailingTokenizer(max(3, counter.calls // 2)), options, progress=False)
     resumed = FailingTokenizer()
-    prepare([], tmp_path / "out", resumed, **settings)
+    prepare([], tmp_path / "out", resumed, options, progress=False)
     assert folder_bytes(tmp_path / "out") == folder_bytes(tmp_path / "reference")
     assert resumed.characters < sum(map(len, documents))
 

@@ -831,8 +831,8 @@ def test_a_full_queue_answers_429_with_retry_after(llm: LLM, gate: StepGate) -> 
 
 
 def test_engine_errors_answer_by_type_in_one_table() -> None:
+    from gpt2.serve import EngineError, EngineFailed, QueueFull
     from gpt2.serve.app import ENGINE_ERRORS, engine_error
-    from gpt2.serve.engine import EngineError, EngineFailed, QueueFull
 
     assert set(ENGINE_ERRORS) == set(EngineError.__subclasses__())  # every kind the engine raises has its answer
     full = engine_error(QueueFull("the queue is full"), retry_after=3)

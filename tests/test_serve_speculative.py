@@ -1,11 +1,13 @@
-"""Speculative decoding in the server's engine: a request decoding alone takes speculative steps (the drafter's
-tokens verified in one forward of its row) and gets exactly the tokens plain greedy decoding gives; requests that
-run together, or that ask for rules or log-probabilities, decode as usual; `gpt2 serve --prompt-lookup / --draft`
-configure it."""
+"""Speculative decoding in the server's engine: a greedy request decoding alone takes speculative steps (the
+drafter's tokens verified in one forward of its row) and gets exactly the tokens plain greedy decoding gives, at
+every temperature below the greedy threshold; requests that run together, sampled ones, or those that ask for
+rules or log-probabilities decode as usual, so a seeded request's text is the same alone and under load;
+/metrics counts drafted and accepted tokens; `gpt2 serve --prompt-lookup / --draft` configure it."""
 
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 import torch
@@ -132,3 +134,109 @@ def test_gpt2_serve_takes_the_speculation_flags_of_gpt2_sample() -> None:
     llm = LLM(tiny_gpt(), ByteTokenizer(), torch.device("cpu"), prompt_lookup=args.prompt_lookup)
     engine = create_app(llm, server_config(args)).state.engine
     assert isinstance(engine._drafter, PromptLookup) and engine._drafter.num_tokens == 10
+
+
+# ------------------------------------------------------------------------------------ through the server
+PROMPT = "abcabcabcabc abc"
+
+
+def speculating_llm(kind: str) -> LLM:
+    options: dict = {"prompt_lookup": 4} if kind == "lookup" else {"draft": tiny_gpt()}  # = the target
+    return LLM(tiny_gpt(), ByteTokenizer(), torch.device("cpu"), **options)
+
+
+def complete(client: Any, **body: Any) -> str:
+    response = client.post("/v1/completions", json={"model": "tiny", "prompt": PROMPT, **body})
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]["text"]
+
+
+def scrape(client: Any) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = client.get("/metrics").text
+    return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+@pytest.mark.parametrize("kind", ["lookup", "draft"])
+def test_the_server_speculating_at_tiny_temperatures_gives_plain_greedy_text(kind: str) -> None:
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from gpt2.serve import ServerConfig, create_app
+
+    plain = LLM(tiny_gpt(), ByteTokenizer(), torch.device("cpu")).generate(
+        PROMPT, SamplingParams(max_tokens=30, temperature=0)
+    )[0]
+    assert plain
+    with TestClient(create_app(speculating_llm(kind), ServerConfig(model_name="tiny"))) as client:
+        for temperature in (0.0, 1e-45, 1e-30, 1e-6):
+            assert complete(client, max_tokens=30, temperature=temperature, seed=1) == plain
+        counters = scrape(client)
+    assert counters["gpt2_spec_decode_num_drafts_total"] > 0  # it did speculate
+    assert (
+        0
+        < counters["gpt2_spec_decode_num_accepted_tokens_total"]
+        <= counters["gpt2_spec_decode_num_draft_tokens_total"]
+    )
+
+
+def test_the_metrics_count_drafted_and_accepted_tokens() -> None:
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from gpt2.serve import ServerConfig, create_app
+
+    with TestClient(create_app(speculating_llm("lookup"), ServerConfig(model_name="tiny"))) as client:
+        before = scrape(client)
+        complete(client, max_tokens=30, temperature=0)
+        after = scrape(client)
+        engine = client.app.state.engine
+    names = ["gpt2_spec_decode_num_drafts_total", "gpt2_spec_decode_num_draft_tokens_total"]
+    names.append("gpt2_spec_decode_num_accepted_tokens_total")
+    assert [before[name] for name in names] == [0, 0, 0]
+    stats = engine.speculation
+    assert [after[name] for name in names] == [stats.verifications, stats.drafted, stats.accepted]
+    # every verification commits its kept drafts and one token of the target's: 29 tokens after the prefill's
+    assert stats.verifications + stats.accepted == 29
+
+
+@pytest.mark.parametrize("kind", ["lookup", "draft"])
+def test_a_seeded_sampled_request_gives_the_same_text_alone_and_under_load(kind: str) -> None:
+    """Through a speculating server: alone, and while other requests stream, the text is LLM.generate's with the
+    same speculation."""
+    pytest.importorskip("fastapi")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fastapi.testclient import TestClient
+
+    from gpt2.serve import ServerConfig, create_app
+
+    sampled = {"max_tokens": 30, "temperature": 0.8, "seed": 5}
+    expected = speculating_llm(kind).generate(PROMPT, SamplingParams(**sampled))[0]
+    with TestClient(create_app(speculating_llm(kind), ServerConfig(model_name="tiny"))) as client:
+        alone = complete(client, **sampled)
+        engine = client.app.state.engine
+        with ThreadPoolExecutor(3) as pool:
+            others = [pool.submit(complete, client, max_tokens=90, temperature=0) for _ in range(2)]
+            wait_until(lambda: engine.active == 2, "the other requests decoding")
+            loaded = complete(client, **sampled)
+            assert all(len(other.result()) == 90 for other in others)
+    assert alone == loaded == expected
+
+
+@pytest.mark.parametrize("kind", ["lookup", "draft"])
+def test_an_engine_gives_a_seeded_sampled_request_its_text_among_others(kind: str) -> None:
+    """Submitted with two longer requests, so it decodes among them from its first token to its last."""
+    llm = speculating_llm(kind)
+    prompt = list(PROMPT.encode())
+    request = SequenceRequest(prompt, SamplingParams(max_tokens=30, temperature=0.8, seed=5))
+    engine = Engine(llm.model, ByteTokenizer(), drafter=llm.new_drafter())
+    try:
+        alone = run_engine(engine, [request]).tokens(0)
+        together = run_engine(engine, [greedy(prompts()[0], 60), request, greedy(prompts()[1], 60)])
+    finally:
+        engine.stop()
+    assert len(together.tokens(0)) == len(together.tokens(2)) == 60 > len(alone)
+    assert together.tokens(1) == alone
+    assert ByteTokenizer().decode(alone) == llm.generate(PROMPT, request.params)[0]

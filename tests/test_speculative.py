@@ -16,7 +16,7 @@ from gpt2.api import LLM
 from gpt2.cli import main
 from gpt2.config import GPTConfig
 from gpt2.inference.generation import generate
-from gpt2.inference.sampling import SamplingParams, filter_top_k
+from gpt2.inference.sampling import SamplingParams, sample_next_token
 from gpt2.inference.speculative import (
     DraftModel,
     PromptLookup,
@@ -156,11 +156,46 @@ def test_sampled_output_is_distributed_as_the_target(drafter_kind: str, sampler:
     assert chisquare(observed, wanted).pvalue > 1e-3
 
 
-def test_sampler_probabilities_are_those_sample_next_token_draws_from() -> None:
-    logits = torch.randn(2, 50, generator=torch.Generator().manual_seed(SEED))
-    probs = Sampler(temperature=0.5, top_k=7).probs(logits)
-    reference = torch.softmax(filter_top_k(logits / 0.5, 7), dim=-1)
-    torch.testing.assert_close(probs, reference)
+@pytest.mark.parametrize("sampler", [Sampler(temperature=0.5, top_k=7), Sampler(temperature=1e-4, top_p=0.9)])
+def test_sampler_probabilities_are_those_sample_next_token_draws_from(sampler: Sampler) -> None:
+    """Every row's draws from `sample_next_token` follow `Sampler.probs` (one uniform each: the inverse CDF)."""
+    logits = torch.randn(1, 12, generator=torch.Generator().manual_seed(SEED)) * 3
+    probs = sampler.probs(logits)[0]
+    generator = torch.Generator().manual_seed(SEED)
+    draws = 4000
+    counts = Counter(
+        int(sample_next_token(logits, temperature=sampler.temperature, top_k=sampler.top_k, top_p=sampler.top_p,
+                              generator=generator))
+        for _ in range(draws)
+    )  # fmt: skip
+    assert set(counts) <= set(probs.nonzero().view(-1).tolist())
+    for token, count in counts.items():
+        assert abs(count / draws - float(probs[token])) < 0.04
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1e-45, 1e-30, 1e-6])
+def test_sampler_below_the_greedy_threshold_is_greedy_as_sample_next_token(temperature: float) -> None:
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(SEED)) * 30
+    assert Sampler(temperature).greedy
+    assert sample_next_token(logits, temperature=temperature).tolist() == logits.argmax(dim=-1).tolist()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1e-45, 1e-30, 1e-6])
+@pytest.mark.parametrize("speculation", ["prompt_lookup", "draft"])
+def test_speculation_at_a_tiny_temperature_gives_plain_greedy_text(temperature: float, speculation: str) -> None:
+    options = {"prompt_lookup": 8} if speculation == "prompt_lookup" else {"draft": random_gpt(seed=SEED + 1)}
+    greedy = byte_llm().generate("abcabcab", SamplingParams(max_tokens=30, temperature=0))
+    params = SamplingParams(max_tokens=30, temperature=temperature, seed=1)
+    assert byte_llm(**options).generate("abcabcab", params) == greedy
+    assert greedy  # a text, so the comparison says something
+    tokens = list(speculative_stream(random_gpt(), [5, 6, 7, 5, 6, 7, 5], 20, PromptLookup(), temperature=temperature))
+    assert tokens == plain_greedy(random_gpt(), [5, 6, 7, 5, 6, 7, 5], 20)
+
+
+def test_a_seeded_sampled_request_gives_the_same_text_with_and_without_speculation() -> None:
+    params = SamplingParams(max_tokens=30, temperature=0.9, seed=3)
+    for options in ({"prompt_lookup": 4}, {"draft": random_gpt(seed=SEED + 1)}):
+        assert byte_llm(**options).generate("abcabcab", params) == byte_llm().generate("abcabcab", params)
 
 
 # ------------------------------------------------------------------------------------------ drafters

@@ -25,6 +25,7 @@ from gpt2.model import GPT
 from gpt2.tokenizer import load_tokenizer
 from gpt2.train import (
     Trainer,
+    TrainingData,
     TrainingDiverged,
     configure_optimizer,
     learning_rate_at,
@@ -33,7 +34,7 @@ from gpt2.train import (
     train,
 )
 from gpt2.train.checkpoint import checkpoint_dirs, latest_checkpoint, load_train_state
-from gpt2.train.config import PRESETS, TrainConfig, load_config
+from gpt2.train.config import PRESETS, OptimizerConfig, TrainConfig, load_config
 from gpt2.weights import load_model
 
 
@@ -45,7 +46,7 @@ def test_a_checkpoint_serializes_the_weights_once_and_copies_them_to_the_top_lev
     monkeypatch.setattr(run_checkpoint, "save_pretrained", lambda model, d: (calls.append(d), real(model, d)))
     config = tiny_config(tmp_path, max_steps=4, checkpoint_interval=4)
     result = train(config)
-    out = Path(config.out_dir)
+    out = Path(config.output.out_dir)
     assert len(calls) == len(checkpoint_dirs(out)) == 1
     for name in ("model.safetensors", "config.json", "byte_tokenizer.json"):
         assert (out / name).read_bytes() == (result.checkpoint / name).read_bytes()
@@ -103,8 +104,13 @@ def test_toml_file_starts_from_its_preset_and_overrides_win(tmp_path):
     toml = tmp_path / "run.toml"
     toml.write_text('preset = "shakespeare-char"\nmax_steps = 50\nout_dir = "runs/a"\n')
     config = load_config(toml, ["max_steps=7", "device=cpu", "learning_rate=3e-4", "sample_top_k=none"])
-    assert (config.max_steps, config.device, config.learning_rate, config.sample_top_k) == (7, "cpu", 3e-4, None)
-    assert config.out_dir == "runs/a" and config.tokenizer == "bytes" and config.block_size == 64
+    assert (
+        config.schedule.max_steps,
+        config.runtime.device,
+        config.optimizer.learning_rate,
+        config.evaluation.sample_top_k,
+    ) == (7, "cpu", 3e-4, None)
+    assert config.output.out_dir == "runs/a" and config.data.tokenizer == "bytes" and config.model.block_size == 64
 
 
 def test_config_round_trips_through_toml(tmp_path):
@@ -122,11 +128,74 @@ def test_bad_config_values_name_the_field():
         TrainConfig.from_name("stdlib", dtype="fp8")
 
 
+def test_a_setting_is_reached_by_its_flat_key_its_dotted_key_or_its_section():
+    flat = TrainConfig.from_dict({"optimizer": "muon", "muon_lr": 0.05, "max_steps": 7, "log_to": ["tensorboard"]})
+    dotted = TrainConfig.from_dict(
+        {"optimizer.name": "muon", "optimizer.muon_lr": 0.05, "schedule.max_steps": 7, "output.log_to": ["tensorboard"]}
+    )
+    nested = TrainConfig.from_dict(
+        {
+            "optimizer": {"name": "muon", "muon_lr": 0.05},
+            "schedule": {"max_steps": 7},
+            "output": {"log_to": ["tensorboard"]},
+        }
+    )
+    assert flat == dotted == nested
+    assert (flat.optimizer.name, flat.optimizer.muon_lr, flat.schedule.max_steps) == ("muon", 0.05, 7)
+    assert flat.output.log_to == ("tensorboard",)
+    assert TrainConfig.from_dict(flat.to_dict()) == TrainConfig.from_dict(flat.to_flat()) == flat
+    with pytest.raises(ValueError, match=r"unknown training config key\(s\) \['schedule.max_step'\]"):
+        TrainConfig.from_dict({"schedule.max_step": 7})
+
+
+def test_set_takes_flat_and_dotted_keys_and_toml_takes_section_tables(tmp_path):
+    config = load_config("stdlib", ["optimizer=adamw", "lr_schedule=wsd", "schedule.max_steps=9", "log_to=wandb"])
+    assert (config.optimizer.name, config.schedule.lr_schedule, config.schedule.max_steps) == ("adamw", "wsd", 9)
+    assert config.output.log_to == ("wandb",)
+    toml = tmp_path / "run.toml"
+    toml.write_text('preset = "stdlib"\nmax_steps = 50\n[optimizer]\nname = "adamw"\n[schedule]\nwarmup_steps = 3\n')
+    from_file = TrainConfig.from_toml(toml)
+    assert (from_file.schedule.max_steps, from_file.schedule.warmup_steps, from_file.optimizer.name) == (50, 3, "adamw")
+    assert from_file.data.tokenizer == "bpe"  # the rest from the preset
+
+
+def test_every_setting_is_checked_from_its_annotation_and_bounds():
+    with pytest.raises(ValueError, match=r"lr_schedule must be one of \('cosine', 'wsd'\), got 'linear'"):
+        TrainConfig.from_dict({"lr_schedule": "linear"})
+    with pytest.raises(ValueError, match=r"parallel must be one of \('ddp', 'fsdp'\), got 'tp'"):
+        TrainConfig.from_dict({"parallel": "tp"})
+    with pytest.raises(ValueError, match=r"val_fraction must be in \[0.0, 1.0\), got 1.0"):
+        TrainConfig.from_dict({"val_fraction": 1.0})
+    with pytest.raises(ValueError, match="seed must be >= 0, got -1"):
+        TrainConfig.from_dict({"seed": -1})
+    with pytest.raises(ValueError, match=r"compile must be bool, got 'fast' \(str\)"):
+        TrainConfig.from_dict({"compile": "fast"})
+    with pytest.raises(ValueError, match="out_dir must not be empty"):
+        TrainConfig.from_dict({"out_dir": ""})
+
+
+def test_a_checkpoint_with_the_flat_train_config_of_before_the_sections_resumes(tmp_path):
+    config = tiny_config(tmp_path, max_steps=6, checkpoint_interval=3, eval_interval=0)
+    train(config, stop_at_step=3)
+    checkpoint = latest_checkpoint(config.output.out_dir)
+    stored = json.loads((checkpoint / "train_config.json").read_text())
+    assert stored["schedule"]["max_steps"] == 6  # written as sections
+    (checkpoint / "train_config.json").write_text(json.dumps(config.to_flat(), indent=1) + "\n")  # the flat layout
+    assert TrainConfig.from_dict(json.loads((checkpoint / "train_config.json").read_text())) == config
+    resumed = train(config, resume=True)
+    assert (resumed.start_step, resumed.step) == (3, 6)
+
+
 def test_gpt2_124m_preset_is_the_published_recipe():
     config = PRESETS["gpt2-124m"]
-    assert config.total_batch_tokens == 2**19  # ~0.5M tokens per step
-    assert (config.beta1, config.beta2, config.weight_decay, config.grad_clip) == (0.9, 0.95, 0.1, 1.0)
-    assert (config.learning_rate, config.min_lr) == (6e-4, pytest.approx(6e-5))
+    assert config.data.total_batch_tokens == 2**19  # ~0.5M tokens per step
+    assert (
+        config.optimizer.beta1,
+        config.optimizer.beta2,
+        config.optimizer.weight_decay,
+        config.optimizer.grad_clip,
+    ) == (0.9, 0.95, 0.1, 1.0)
+    assert (config.optimizer.learning_rate, config.min_lr) == (6e-4, pytest.approx(6e-5))
     model = config.model_config(vocab_size=50257)
     assert (model.n_layer, model.n_head, model.n_embd, model.block_size) == (12, 12, 768, 1024)
 
@@ -150,7 +219,7 @@ def test_lr_schedule_without_warmup_starts_at_the_peak_and_ends_at_the_floor():
 def test_the_loop_uses_the_schedule_at_every_step(tmp_path):
     config = tiny_config(tmp_path, max_steps=6, warmup_steps=2, eval_interval=0)
     train(config)
-    logged = [r["lr"] for r in metric_lines(Path(config.out_dir)) if "lr" in r]
+    logged = [r["lr"] for r in metric_lines(Path(config.output.out_dir)) if "lr" in r]
     assert logged == [learning_rate_at(s, max_lr=1e-2, min_lr=1e-3, warmup_steps=2, decay_steps=6) for s in range(6)]
 
 
@@ -177,7 +246,7 @@ def test_fast_adamw_variants_compute_what_the_plain_loop_computes(impl):
     fast.load_state_dict(reference.state_dict())
     x = torch.randn(64, 16)
     for model, name in ((reference, "for-loop"), (fast, impl)):
-        optimizer = configure_optimizer(model, TrainConfig(optimizer_impl=name), torch.device("cpu"))
+        optimizer = configure_optimizer(model, OptimizerConfig(impl=name), torch.device("cpu"))
         for _ in range(5):
             ((model(x) - 1.0) ** 2).mean().backward()
             optimizer.step()
@@ -238,7 +307,12 @@ def test_a_trainer_with_a_custom_loss_function_trains(tmp_path):
     model, config = tiny_gpt(vocab_size=257), trainer_config(tmp_path)
     tokens = np.frombuffer(write_corpus(tmp_path / "corpus.txt").read_bytes(), dtype=np.uint8).astype(np.uint16)
     batches = BatchLoader(tokens, batch_size=8, block_size=16, seed=0)
-    trainer = Trainer(model, configure_optimizer(model, config, CPU), config, batches, loss_fn=last_position_loss)
+    trainer = Trainer(
+        model,
+        configure_optimizer(model, config.optimizer, CPU),
+        config,
+        TrainingData(batches, loss_fn=last_position_loss),
+    )
     losses = [trainer.train_step().loss for _ in range(30)]
     x, y = BatchLoader(tokens, batch_size=8, block_size=16, seed=0).next_batch()
     with torch.no_grad():  # the Trainer's first loss is the custom loss of the first batch
@@ -248,7 +322,7 @@ def test_a_trainer_with_a_custom_loss_function_trains(tmp_path):
 
 def test_a_trainer_with_a_custom_batch_source_trains(tmp_path):
     model, config = tiny_gpt(), trainer_config(tmp_path)
-    trainer = Trainer(model, configure_optimizer(model, config, CPU), config, CountingSource())
+    trainer = Trainer(model, configure_optimizer(model, config.optimizer, CPU), config, TrainingData(CountingSource()))
     losses = [trainer.train_step().loss for _ in range(30)]
     assert losses[0] == pytest.approx(math.log(64), abs=0.3)  # a fresh model guesses uniformly
     assert losses[-1] < 0.5 * losses[0]
@@ -258,7 +332,8 @@ def test_a_trainer_with_a_custom_batch_source_trains(tmp_path):
 def test_a_trainer_resumes_a_custom_batch_source_exactly(tmp_path):
     def make_trainer(out: str) -> Trainer:
         model, config = tiny_gpt(), trainer_config(tmp_path, max_steps=6, out_dir=str(tmp_path / out))
-        return Trainer(model, configure_optimizer(model, config, CPU), config, CountingSource())
+        optimizer = configure_optimizer(model, config.optimizer, CPU)
+        return Trainer(model, optimizer, config, TrainingData(CountingSource()))
 
     straight = make_trainer("a")
     first, second = make_trainer("b"), make_trainer("b")
@@ -273,7 +348,7 @@ def test_a_trainer_resumes_a_custom_batch_source_exactly(tmp_path):
 
 def test_train_step_sets_the_lr_first_and_zeroes_the_gradients_after_the_optimizer_step(tmp_path):
     model, config = tiny_gpt(), trainer_config(tmp_path, grad_accum_steps=2, learning_rate=1e-2, warmup_steps=4)
-    optimizer = configure_optimizer(model, config, CPU)
+    optimizer = configure_optimizer(model, config.optimizer, CPU)
     events = []
 
     def recording_loss(model_, batch):
@@ -287,20 +362,20 @@ def test_train_step_sets_the_lr_first_and_zeroes_the_gradients_after_the_optimiz
         return optimizer_step(*args, **kwargs)
 
     optimizer.step = recording_step
-    trainer = Trainer(model, optimizer, config, CountingSource(), loss_fn=recording_loss)
+    trainer = Trainer(model, optimizer, config, TrainingData(CountingSource(), loss_fn=recording_loss))
     stats = trainer.train_step()
     lr = 1e-2 / 4  # step 0 of a 4-step warmup, not the optimizer's initial lr of 1e-2
     assert events == [("loss", lr), ("loss", lr), ("step", lr, True)]  # 2 micro-steps, then one optimizer step
     assert all(p.grad is None for p in model.parameters())  # zeroed after the step
     assert (stats.step, stats.lr, stats.tokens, trainer.step) == (1, lr, 2 * 4 * 16, 1)
-    assert [r["step"] for r in metric_lines(Path(config.out_dir))] == [1]  # logged last
+    assert [r["step"] for r in metric_lines(Path(config.output.out_dir))] == [1]  # logged last
 
 
 # ---------------------------------------------------------------------------------------------- loop
 def test_training_lowers_the_loss_and_writes_checkpoint_metrics_and_plot(tmp_path):
     config = tiny_config(tmp_path, max_steps=12, checkpoint_interval=4)
     result = train(config)
-    out = Path(config.out_dir)
+    out = Path(config.output.out_dir)
     assert result.step == 12 and len(result.losses) == 12
     assert result.val_losses[12] < result.val_losses[0] - 0.5
     assert [p.name for p in checkpoint_dirs(out)] == ["step_00000008", "step_00000012"]  # keep_checkpoints=2
@@ -323,13 +398,13 @@ def test_resume_continues_exactly(tmp_path):
     second = train(pieces, resume=True)
     assert (first.step, second.start_step, second.step) == (4, 4, 8)
     assert first.losses + second.losses == straight.losses
-    a, b = read_weights(Path(whole.out_dir)), read_weights(Path(pieces.out_dir))
+    a, b = read_weights(Path(whole.output.out_dir)), read_weights(Path(pieces.output.out_dir))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
     def untimed(out_dir: str) -> list[dict]:
         return [{k: v for k, v in r.items() if k not in ("dt_ms", "tokens_per_s")} for r in metric_lines(Path(out_dir))]
 
-    assert untimed(whole.out_dir) != [] and untimed(whole.out_dir) == untimed(pieces.out_dir)
+    assert untimed(whole.output.out_dir) != [] and untimed(whole.output.out_dir) == untimed(pieces.output.out_dir)
 
 
 def test_a_fresh_run_into_an_existing_run_needs_resume_or_overwrite(tmp_path):
@@ -338,7 +413,7 @@ def test_a_fresh_run_into_an_existing_run_needs_resume_or_overwrite(tmp_path):
     with pytest.raises(FileExistsError, match="already holds a run .*step_00000002.*--resume.*--overwrite"):
         train(config)
     again = train(config.replace(max_steps=3), overwrite=True)
-    assert again.start_step == 0 and [p.name for p in checkpoint_dirs(config.out_dir)] == ["step_00000003"]
+    assert again.start_step == 0 and [p.name for p in checkpoint_dirs(config.output.out_dir)] == ["step_00000003"]
     with pytest.raises(ValueError, match="nothing to do: .* step 3 and max_steps=3"):
         train(config.replace(max_steps=3), resume=True)
 
@@ -377,9 +452,9 @@ def test_non_finite_loss_stops_with_a_clear_message_and_keeps_the_last_good_chec
     monkeypatch.setattr(GPT, "forward", poisoned)
     with pytest.raises(TrainingDiverged, match=r"loss is nan at step 5; .*last good checkpoint is .*step_00000004"):
         train(config)
-    good = latest_checkpoint(config.out_dir)
+    good = latest_checkpoint(config.output.out_dir)
     assert good.name == "step_00000004" and load_train_state(good)["step"] == 4
-    exported, kept = read_weights(Path(config.out_dir)), read_weights(good)
+    exported, kept = read_weights(Path(config.output.out_dir)), read_weights(good)
     assert torch.equal(exported["transformer.wte.weight"], kept["transformer.wte.weight"])
     load_model(good)
 
@@ -402,7 +477,7 @@ def test_an_interrupted_checkpoint_write_leaves_the_previous_checkpoint_loadable
     with pytest.raises(OSError, match="simulated"):
         train(config)
     monkeypatch.setattr(checkpoint_module.torch, "save", real_save)
-    root = Path(config.out_dir) / "checkpoints"
+    root = Path(config.output.out_dir) / "checkpoints"
     assert [p.name for p in root.iterdir()] == ["step_00000002"]  # no half-written folder left behind
     assert load_train_state(root / "step_00000002")["step"] == 2
     load_model(root / "step_00000002")
@@ -419,7 +494,7 @@ def test_a_checkpoint_with_a_pickle_payload_is_refused_without_running_it(tmp_pa
         def __reduce__(self):
             return (os.system, (f"touch {marker}",))
 
-    checkpoint = latest_checkpoint(config.out_dir)
+    checkpoint = latest_checkpoint(config.output.out_dir)
     torch.save({"format": "gpt2-train-state", "version": 1, "step": 2, "evil": Payload()},
                checkpoint / "train_state.pt")  # fmt: skip
     with pytest.raises(ValueError, match="refused"):
@@ -459,7 +534,7 @@ def test_ctrl_c_saves_a_checkpoint_and_returns_cleanly(tmp_path, monkeypatch, si
     _interrupt_on_forward(monkeypatch, call=3)  # arrives during step 3; the step still completes
     result = train(config)
     assert result.interrupted and result.step == 3
-    assert latest_checkpoint(config.out_dir).name == "step_00000003"
+    assert latest_checkpoint(config.output.out_dir).name == "step_00000003"
     assert signal.getsignal(signal.SIGINT) is sigint  # the handler it found, restored
     monkeypatch.setattr(GPT, "forward", forward)
     assert train(config, resume=True).step == 8
@@ -471,7 +546,7 @@ def test_an_ignored_ctrl_c_stays_ignored(tmp_path, monkeypatch, sigint):
     config = tiny_config(tmp_path, checkpoint_interval=0, eval_interval=0)
     _interrupt_on_forward(monkeypatch, call=3)
     result = train(config)
-    assert not result.interrupted and result.step == config.max_steps
+    assert not result.interrupted and result.step == config.schedule.max_steps
     assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
 
 
@@ -545,10 +620,10 @@ def test_training_can_measure_hellaswag_at_every_evaluation(tmp_path):
     hellaswag = write_hellaswag(tmp_path / "hellaswag.jsonl")
     config = tiny_config(tmp_path, block_size=32, hellaswag_file=str(hellaswag), hellaswag_limit=None)
     train(config)
-    records = [r for r in metric_lines(Path(config.out_dir)) if "hellaswag_acc_norm" in r]
+    records = [r for r in metric_lines(Path(config.output.out_dir)) if "hellaswag_acc_norm" in r]
     assert [r["step"] for r in records] == [0, 4, 8]
     assert all(0.0 <= r["hellaswag_acc"] <= 1.0 and 0.0 <= r["hellaswag_acc_norm"] <= 1.0 for r in records)
-    final = evaluate_hellaswag(load_model(config.out_dir), ByteTokenizer(), hellaswag)
+    final = evaluate_hellaswag(load_model(config.output.out_dir), ByteTokenizer(), hellaswag)
     assert (records[-1]["hellaswag_acc"], records[-1]["hellaswag_acc_norm"]) == (final["acc"], final["acc_norm"])
 
 
@@ -570,10 +645,10 @@ def test_init_from_starts_from_pretrained_weights_and_their_tokenizer(tmp_path):
                          n_layer=None, n_head=None, n_embd=None, block_size=16, dropout=0.1,
                          max_steps=1, learning_rate=1e-12, warmup_steps=0, eval_interval=0)  # fmt: skip
     result = train(config)
-    trained = load_model(Path(config.out_dir))
+    trained = load_model(Path(config.output.out_dir))
     assert trained.config.block_size == 16 and trained.config.n_embd == 32
-    assert json.loads((Path(config.out_dir) / "config.json").read_text())["resid_pdrop"] == 0.1  # dropout set
-    assert isinstance(load_tokenizer(Path(config.out_dir)), ByteTokenizer)  # its tokenizer, not a new BPE
+    assert json.loads((Path(config.output.out_dir) / "config.json").read_text())["resid_pdrop"] == 0.1  # dropout set
+    assert isinstance(load_tokenizer(Path(config.output.out_dir)), ByteTokenizer)  # its tokenizer, not a new BPE
     start = pretrained.state_dict()
     for name, tensor in trained.state_dict().items():  # one step at lr 1e-12: the pretrained weights
         expected = start[name][:16] if name == "transformer.wpe.weight" else start[name]

@@ -39,7 +39,7 @@ def torchrun(config: TrainConfig, tmp_path: Path) -> list[float]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    lines = (Path(config.out_dir) / "metrics.jsonl").read_text().splitlines()
+    lines = (Path(config.output.out_dir) / "metrics.jsonl").read_text().splitlines()
     return [record["loss"] for record in map(json.loads, lines) if "loss" in record]
 
 
@@ -58,7 +58,7 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path, pa
     reference = train(single)
 
     assert losses == pytest.approx(reference.losses, abs=1e-5, rel=0)
-    ours, theirs = read_weights(Path(distributed.out_dir)), read_weights(Path(single.out_dir))
+    ours, theirs = read_weights(Path(distributed.output.out_dir)), read_weights(Path(single.output.out_dir))
     assert ours.keys() == theirs.keys()
     # Newton-Schulz is not a contraction: it magnifies the all-reduce's different summation order (float noise)
     # in the gradient a few-fold (measured 1.6e-5 after 6 steps), while the losses still agree to 1e-5

@@ -24,11 +24,11 @@ from typing import overload
 
 import torch
 
+from gpt2.cpu.layouts import prepare_for_inference
 from gpt2.inference.generation import generate_texts, stream_text
-from gpt2.inference.layouts import prepare_for_inference
 from gpt2.inference.processors import build_processors
 from gpt2.inference.sampling import SamplingParams
-from gpt2.inference.speculative import Drafter, DraftModel, PromptLookup, speculative_text
+from gpt2.inference.speculative import Drafter, DraftModel, PromptLookup, speculates, speculative_text
 from gpt2.inference.steering import STEERED_ENGINE, Intervention, parse_steering, steer, steered_stream
 from gpt2.model import GPT
 from gpt2.runtime.device import resolve_device
@@ -105,10 +105,11 @@ class LLM:
     ) -> Iterator[str]:
         """The continuation of `prompt` (text or token ids) as text pieces, while it is generated (`stream_text`).
 
-        With a draft model or prompt_lookup, speculative decoding (`speculative_text`: the same text for greedy,
-        the same distribution for sampling) where params use only the sampler's rules (temperature, top-k,
-        top-p, stops, seed); other rules (penalties, grammars, beams) decode as usual. steering: interventions
-        applied while generating (gpt2.inference.steering; on the PyTorch path, without speculation)."""
+        With a draft model or prompt_lookup, speculative decoding (`speculative_text`: the same text) where
+        `speculates(params)` allows it (greedy, no penalties, grammars or beams), as the server's engine decides;
+        the rest decode as usual, so a seeded sampled request gives the same text with or without speculation.
+        steering: interventions applied while generating (gpt2.inference.steering; on the PyTorch path, without
+        speculation)."""
         params = params or SamplingParams()
         if steering:
             plan = [parse_steering(steering, self.model)]
@@ -125,9 +126,8 @@ class LLM:
         if self.draft is None and self.prompt_lookup is None:
             return None
         rules = build_processors(params, prompt_length=0, vocab_size=self.model.config.vocab_size)
-        if rules or params.num_beams > 1 or params.regex is not None or params.json_schema is not None:
-            return None
-        return self.new_drafter()
+        structured = params.regex is not None or params.json_schema is not None
+        return self.new_drafter() if speculates(params, rules=bool(rules) or structured, logprobs=False) else None
 
     def new_drafter(self) -> Drafter | None:
         """A fresh drafter for the speculative decoding this LLM was given (a draft model or prompt lookup), or

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from gpt2.api import LLM
-from gpt2.inference.layouts import PRECISIONS
+from gpt2.cpu.layouts import PRECISIONS
 from gpt2.inference.sampling import SamplingParams
 
 # What --model reads (gpt2.weights.load_model), for every command that loads one.

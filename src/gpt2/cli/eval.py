@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt2.cli.common import MODEL_HELP, load_model_and_tokenizer
+from gpt2.cpu.layouts import PRECISIONS
 from gpt2.eval import (
     DEFAULT_BATCH_SIZE,
     FEWSHOT_SEED,
@@ -28,7 +29,6 @@ from gpt2.eval import (
     evaluate_perplexity,
     fetch_dataset,
 )
-from gpt2.inference.layouts import PRECISIONS
 from gpt2.runtime.device import resolve_device
 from gpt2.runtime.files import atomic_write_text
 
@@ -41,7 +41,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     tasks = parser.add_subparsers(dest="task", metavar="TASK", required=True)
+    common, shots = _shared_arguments()
+    _add_perplexity(tasks, common)
+    _add_hellaswag(tasks, common, shots)
+    _add_lambada(tasks, common, shots)
+    _add_choice(tasks, common, shots)
 
+
+def _shared_arguments() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The parent parsers: the arguments of every task, and the few-shot ones of the tasks that take shots."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--model", required=True, help=MODEL_HELP)
     common.add_argument("--tokenizer", help="tokenizer directory or Hub name (default: the model's directory)")
@@ -62,7 +70,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     shots.add_argument(
         "--fewshot-seed", type=int, default=FEWSHOT_SEED, help=f"seed of the draws (default: {FEWSHOT_SEED}, lm-eval's)"
     )
+    return common, shots
 
+
+def _add_perplexity(tasks: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     ppl = tasks.add_parser(
         "perplexity",
         parents=[common],
@@ -83,6 +94,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     ppl.set_defaults(func=run_perplexity)
 
+
+def _add_hellaswag(
+    tasks: argparse._SubParsersAction, common: argparse.ArgumentParser, shots: argparse.ArgumentParser
+) -> None:
     hellaswag = tasks.add_parser(
         "hellaswag", parents=[common, shots], help="HellaSwag accuracy, completion style (acc, acc_norm, acc_char_norm)"
     )
@@ -103,6 +118,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     hellaswag.add_argument("--cache-dir", type=Path, help="where fetched files go (default: $GPT2_CACHE/eval)")
     hellaswag.set_defaults(func=run_hellaswag)
 
+
+def _add_lambada(
+    tasks: argparse._SubParsersAction, common: argparse.ArgumentParser, shots: argparse.ArgumentParser
+) -> None:
     lambada = tasks.add_parser("lambada", parents=[common, shots], help="LAMBADA last-word accuracy and perplexity")
     lambada.add_argument("--data", type=Path, help='LAMBADA JSONL ({"text": ...}); default: fetch OpenAI\'s test set')
     lambada.add_argument("--limit", type=int, help="only the first N passages")
@@ -110,6 +129,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     lambada.add_argument("--cache-dir", type=Path, help="where fetched files go (default: $GPT2_CACHE/eval)")
     lambada.set_defaults(func=run_lambada)
 
+
+def _add_choice(
+    tasks: argparse._SubParsersAction, common: argparse.ArgumentParser, shots: argparse.ArgumentParser
+) -> None:
     choice = tasks.add_parser(
         "choice",
         parents=[common, shots],

@@ -71,16 +71,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpt2.data import prepare
+    from gpt2.data import PrepareOptions, prepare
 
     if not args.sources and args.dataset is None:
         raise ValueError("nothing to prepare: pass files, directories or globs, or --dataset NAME")
     tokenizer = load_tokenizer(args.tokenizer or os.environ.get(TOKENIZER_ENV) or "gpt2")
     expected = None if args.expected_tokens is None else int(args.expected_tokens)
-    manifest = prepare(
-        args.sources,
-        args.out,
-        tokenizer,
+    options = PrepareOptions(
         jsonl_field=args.jsonl_field,
         val_fraction=args.val_fraction,
         shard_tokens=args.shard_tokens,
@@ -89,6 +86,12 @@ def run(args: argparse.Namespace) -> int:
         dataset_split=args.dataset_split,
         dataset_config=args.dataset_config,
         expected_tokens=expected,
+    )
+    manifest = prepare(
+        args.sources,
+        args.out,
+        tokenizer,
+        options,
         overwrite=args.overwrite,
         progress=not args.quiet,
         log=None if args.quiet else (lambda message: print(message, file=sys.stderr)),

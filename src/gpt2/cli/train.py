@@ -86,5 +86,6 @@ def run(args: argparse.Namespace) -> int:
               "".join(f" --set {item}" for item in overrides))  # fmt: skip
         return EXIT_INTERRUPTED
     if result.sample is not None:
-        print(f"sample ({config.sample_tokens} tokens after {config.sample_prompt!r}):\n{result.sample}")
+        sampling = config.evaluation
+        print(f"sample ({sampling.sample_tokens} tokens after {sampling.sample_prompt!r}):\n{result.sample}")
     return 0

@@ -8,7 +8,7 @@ corpus), `cache` (a training run's data folder).
 """
 
 from gpt2.data.loader import BatchLoader
-from gpt2.data.prepare import DEFAULT_CHUNK_CHARS, DEFAULT_SHARD_TOKENS, prepare
+from gpt2.data.prepare import DEFAULT_CHUNK_CHARS, DEFAULT_SHARD_TOKENS, PrepareOptions, prepare
 from gpt2.data.shards import (
     MANIFEST_FORMAT,
     MANIFEST_NAME,
@@ -32,6 +32,7 @@ __all__ = [
     "TokenView",
     "expand_sources",
     "load_split",
+    "PrepareOptions",
     "prepare",
     "read_manifest",
     "save_token_shards",

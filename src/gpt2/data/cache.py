@@ -62,7 +62,7 @@ def prepare_data(spec: DataSpec, cache_dir: Path, *, progress: bool = False) -> 
     place (its tokenizer must match); otherwise the corpus is tokenized into `cache_dir`, unless an earlier
     call with the same settings and source files already did."""
     # imported here: gpt2.data's __init__ may re-export this module, so its names are read once it is complete
-    from gpt2.data import MANIFEST_NAME, prepare, read_manifest
+    from gpt2.data import MANIFEST_NAME, PrepareOptions, prepare, read_manifest
 
     data_path = Path(spec.data)
     if spec.data != STDLIB and (data_path / MANIFEST_NAME).is_file():
@@ -93,7 +93,7 @@ def prepare_data(spec: DataSpec, cache_dir: Path, *, progress: bool = False) -> 
         tokenizer = _load_tokenizer(spec.tokenizer, purpose="tokenizing the data")
     if cache_dir.exists():
         shutil.rmtree(cache_dir)  # made from other settings; the key file says this folder is ours to replace
-    prepare(sources, cache_dir, tokenizer, val_fraction=spec.val_fraction, progress=progress)
+    prepare(sources, cache_dir, tokenizer, PrepareOptions(val_fraction=spec.val_fraction), progress=progress)
     tokenizer.save(cache_dir / TOKENIZER_DIR)
     key_path.write_text(json.dumps(key, indent=1) + "\n")  # written last: its presence means the folder is done
     return tokenizer, cache_dir

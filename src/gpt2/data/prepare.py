@@ -170,19 +170,42 @@ def _listed(paths: list[str]) -> dict[str, Any]:
     return {"count": len(paths), "files": paths[:MAX_LISTED_FILES]}
 
 
+@dataclass(frozen=True)
+class PrepareOptions:
+    """What the token stream is made from beside the sources and the tokenizer, checked at construction.
+
+    jsonl_field: the text field of JSONL and dataset records. val_fraction: the last fraction of the stream held
+    out as the val split. shard_tokens: tokens per shard file (and per resumable stream file). chunk_chars: text is
+    tokenized in pieces of at most this many characters. dataset, dataset_split, dataset_config: a Hugging Face
+    dataset streamed after the sources. expected_tokens: about how many tokens the input holds, for the time left
+    where file sizes cannot tell (a dataset).
+    """
+
+    jsonl_field: str = "text"
+    val_fraction: float = 0.1
+    shard_tokens: int = DEFAULT_SHARD_TOKENS
+    chunk_chars: int = DEFAULT_CHUNK_CHARS
+    dataset: str | None = None
+    dataset_split: str = "train"
+    dataset_config: str | None = None
+    expected_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction!r}")
+        for name, value in (("shard_tokens", self.shard_tokens), ("chunk_chars", self.chunk_chars)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.expected_tokens is not None and self.expected_tokens <= 0:
+            raise ValueError(f"expected_tokens must be positive or None, got {self.expected_tokens!r}")
+
+
 def prepare(
     sources: Sequence[str | Path],
     out_dir: str | Path,
     tokenizer: TextTokenizer,
+    options: PrepareOptions | None = None,
     *,
-    jsonl_field: str = "text",
-    val_fraction: float = 0.1,
-    shard_tokens: int = DEFAULT_SHARD_TOKENS,
-    chunk_chars: int = DEFAULT_CHUNK_CHARS,
-    dataset: str | None = None,
-    dataset_split: str = "train",
-    dataset_config: str | None = None,
-    expected_tokens: int | None = None,
     overwrite: bool = False,
     progress: bool = True,
     log: Callable[[str], None] | None = None,
@@ -190,13 +213,13 @@ def prepare(
     """Tokenize text files, directories, globs, JSONL files (and optionally a HF dataset) into token shards.
 
     Streams: memory stays bounded however large the input, because files are read and tokenized in pieces of
-    at most `chunk_chars` characters, cut at a whitespace boundary that cannot change the tokens (a word longer
-    than a piece is cut inside, which can change the tokens at that one place: counted as forced_splits).
+    at most `options.chunk_chars` characters, cut at a whitespace boundary that cannot change the tokens (a word
+    longer than a piece is cut inside, which can change the tokens at that one place: counted as forced_splits).
     Pieces are tokenized in batches with `tokenizer.encode_batch`, on all cores. Each document is preceded by
-    the end-of-text token; the last `val_fraction` of the stream is the val split. Invalid UTF-8 is replaced
-    by U+FFFD (counted per file in the manifest and warned about); empty files and empty JSONL records are
-    skipped and counted. `jsonl_field` names the text field of JSONL and dataset records. The output is
-    byte-for-byte the same for the same inputs. Returns the manifest (also written to out_dir/manifest.json).
+    the end-of-text token; the last `options.val_fraction` of the stream is the val split. Invalid UTF-8 is
+    replaced by U+FFFD (counted per file in the manifest and warned about); empty files and empty JSONL records
+    are skipped and counted. The output is byte-for-byte the same for the same inputs. Returns the manifest (also
+    written to out_dir/manifest.json).
 
     Resumable: after a crash or an interruption, the same call keeps the stream files already finished (every
     `shard_tokens` tokens; see `gpt2.data.progress`) and continues after them, with the same result as a run
@@ -214,91 +237,30 @@ def prepare(
     {'train': 1260, 'val': 141}
     """
     _check_tokenizer(tokenizer)
-    if not 0.0 <= val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction!r}")
-    for name, value in (("shard_tokens", shard_tokens), ("chunk_chars", chunk_chars)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if expected_tokens is not None and expected_tokens <= 0:
-        raise ValueError(f"expected_tokens must be positive or None, got {expected_tokens!r}")
-    if not sources and dataset is None:
+    options = PrepareOptions() if options is None else options
+    if not sources and options.dataset is None:
         raise ValueError("nothing to prepare: pass at least one source (file, directory, glob) or a dataset name")
     say = log if log is not None else (lambda message: None)
-
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise NotADirectoryError(f"output {str(out_dir)!r} is a file; pass a directory with --out")
-    if (out_dir / MANIFEST_NAME).exists() and not overwrite:
-        raise FileExistsError(
-            f"{str(out_dir)!r} already holds prepared data; pass overwrite=True (--overwrite) to replace it, "
-            "or choose another output directory"
-        )
-    expanded = expand_sources(sources)
-    dataset_documents = None
-    if dataset is not None:
-        dataset_documents = iter_hf_dataset(dataset, split=dataset_split, config=dataset_config, text_field=jsonl_field)
-        described = f"{dataset} ({'config ' + dataset_config + ', ' if dataset_config else ''}split {dataset_split})"
-        expanded.append(Source(described, "dataset"))
+    out_dir = _check_output(Path(out_dir), overwrite)
+    expanded, dataset_documents = _expand(sources, options)
 
     dtype = token_dtype(tokenizer.vocab_size)
-    key = _run_key(tokenizer, dtype, shard_tokens, chunk_chars, jsonl_field, expanded)
+    key = _run_key(tokenizer, dtype, options, expanded)
     out_dir.mkdir(parents=True, exist_ok=True)
     staging = out_dir / STAGING_DIR
-    earlier, why = read_progress(staging, key, dtype.itemsize)
-    if earlier is None:
-        if staging.exists():
-            say(f"starting over in {staging}: {why}")
-            shutil.rmtree(staging)
-        staging.mkdir()
-        report = Report()
-    else:
-        assert earlier.resume is not None, "a progress file is written with its resume point"
-        kept = {entry["file"] for entry in earlier.finished} | {PROGRESS_NAME}
-        for stale in staging.iterdir():  # the unfinished stream file of the crashed run
-            if stale.name not in kept:
-                stale.unlink()
-        say(f"resuming: {why}, {earlier.resume.stream_tokens:,} tokens kept in {staging}")
-        report = report_from_dict(earlier.resume.report)
-        for source, documents in zip(expanded, earlier.resume.source_documents, strict=True):
-            source.documents = documents
-    writer = _StreamWriter(staging, dtype, shard_tokens, earlier.finished if earlier is not None else [])
+    earlier, report = _open_staging(staging, key, dtype, expanded, say)
+    writer = _StreamWriter(staging, dtype, options.shard_tokens, earlier.finished if earlier is not None else [])
     stream = _Stream(writer, staging, key, expanded, report, earlier.resume if earlier is not None else None)
-    total_bytes = None if dataset is not None else sum(p.stat().st_size for s in expanded for p in s.files)
+    total_bytes = None if dataset_documents is not None else sum(p.stat().st_size for s in expanded for p in s.files)
     done = False
     try:
         pieces = document_pieces(
-            expanded, dataset_documents, jsonl_field, chunk_chars, report,
+            expanded, dataset_documents, options.jsonl_field, options.chunk_chars, report,
             start_unit=stream.start_unit, on_unit=stream.unit_started,
         )  # fmt: skip
-        _tokenize_into(
-            stream, tokenizer, stream.unfinished(pieces), chunk_chars, progress, total_bytes, expected_tokens
-        )
-        writer.close()
-        total = writer.total
-        if total == 0:
-            raise ValueError(
-                f"the sources hold no text ({report.files} file(s), {len(report.empty_files)} empty, "
-                f"{report.empty_records} empty record(s)); pass files with text in them"
-            )
-        for source, tokens in zip(expanded, stream.source_tokens, strict=True):
-            source.tokens = int(tokens)
-        (staging / PROGRESS_NAME).unlink(missing_ok=True)  # the stream files are renamed next: nothing to resume
-        train_tokens = int(total * (1.0 - val_fraction))  # nanoGPT: data[: int(n * 0.9)]
-        shards = _split_stream(writer, train_tokens, staging)
-        manifest = _manifest(
-            tokenizer,
-            dtype,
-            val_fraction,
-            shard_tokens,
-            chunk_chars,
-            jsonl_field,
-            train_tokens,
-            total - train_tokens,
-            shards,
-            expanded,
-            report,
-        )
-        _replace_output(out_dir, staging, shards, manifest)
+        estimate = _Estimate(progress, total_bytes, options.expected_tokens)
+        _tokenize_into(stream, tokenizer, stream.unfinished(pieces), options.chunk_chars, estimate)
+        manifest = _write_shards(out_dir, staging, writer, stream, _Made(tokenizer, dtype, options, expanded, report))
         done = True
     finally:
         writer.close()
@@ -313,17 +275,94 @@ def prepare(
     return manifest
 
 
+def _check_output(out_dir: Path, overwrite: bool) -> Path:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise NotADirectoryError(f"output {str(out_dir)!r} is a file; pass a directory with --out")
+    if (out_dir / MANIFEST_NAME).exists() and not overwrite:
+        raise FileExistsError(
+            f"{str(out_dir)!r} already holds prepared data; pass overwrite=True (--overwrite) to replace it, "
+            "or choose another output directory"
+        )
+    return out_dir
+
+
+def _expand(sources: Sequence[str | Path], options: PrepareOptions) -> tuple[list[Source], Iterator[str] | None]:
+    """The sources as a list (a dataset last, named with its config and split) and the dataset's documents."""
+    expanded = expand_sources(sources)
+    if options.dataset is None:
+        return expanded, None
+    documents = iter_hf_dataset(
+        options.dataset, split=options.dataset_split, config=options.dataset_config, text_field=options.jsonl_field
+    )
+    config = f"config {options.dataset_config}, " if options.dataset_config else ""
+    expanded.append(Source(f"{options.dataset} ({config}split {options.dataset_split})", "dataset"))
+    return expanded, documents
+
+
+def _open_staging(
+    staging: Path, key: dict[str, Any], dtype: np.dtype, sources: list[Source], say: Callable[[str], None]
+) -> tuple[Progress | None, Report]:
+    """The staging folder ready for this run: the progress of an earlier run with the same key (its finished
+    stream files kept, the sources' document counts restored) and the report to continue, or a fresh folder."""
+    earlier, why = read_progress(staging, key, dtype.itemsize)
+    if earlier is None:
+        if staging.exists():
+            say(f"starting over in {staging}: {why}")
+            shutil.rmtree(staging)
+        staging.mkdir()
+        return None, Report()
+    assert earlier.resume is not None, "a progress file is written with its resume point"
+    kept = {entry["file"] for entry in earlier.finished} | {PROGRESS_NAME}
+    for stale in staging.iterdir():  # the unfinished stream file of the crashed run
+        if stale.name not in kept:
+            stale.unlink()
+    say(f"resuming: {why}, {earlier.resume.stream_tokens:,} tokens kept in {staging}")
+    for source, documents in zip(sources, earlier.resume.source_documents, strict=True):
+        source.documents = documents
+    return earlier, report_from_dict(earlier.resume.report)
+
+
+@dataclass(frozen=True)
+class _Made:
+    """How the stream was made: what the manifest records beside the shards."""
+
+    tokenizer: TextTokenizer
+    dtype: np.dtype
+    options: PrepareOptions
+    sources: list[Source]
+    report: Report
+
+
+def _write_shards(out_dir: Path, staging: Path, writer: _StreamWriter, stream: _Stream, made: _Made) -> dict[str, Any]:
+    """Split the finished stream into train and val shards and swap them and the manifest into out_dir."""
+    writer.close()
+    total = writer.total
+    report = made.report
+    if total == 0:
+        raise ValueError(
+            f"the sources hold no text ({report.files} file(s), {len(report.empty_files)} empty, "
+            f"{report.empty_records} empty record(s)); pass files with text in them"
+        )
+    for source, tokens in zip(made.sources, stream.source_tokens, strict=True):
+        source.tokens = int(tokens)
+    (staging / PROGRESS_NAME).unlink(missing_ok=True)  # the stream files are renamed next: nothing to resume
+    train_tokens = int(total * (1.0 - made.options.val_fraction))  # nanoGPT: data[: int(n * 0.9)]
+    shards = _split_stream(writer, train_tokens, staging)
+    manifest = _manifest(made, train_tokens, total - train_tokens, shards)
+    _replace_output(out_dir, staging, shards, manifest)
+    return manifest
+
+
 def _run_key(
-    tokenizer: TextTokenizer, dtype: np.dtype, shard_tokens: int, chunk_chars: int, jsonl_field: str,
-    sources: list[Source],
-) -> dict[str, Any]:  # fmt: skip
+    tokenizer: TextTokenizer, dtype: np.dtype, options: PrepareOptions, sources: list[Source]
+) -> dict[str, Any]:
     """Everything the token stream depends on: a progress file with another key is not resumed."""
     return {
         "tokenizer": [tokenizer.identity, tokenizer.vocab_size, tokenizer.eot_token],
         "dtype": dtype.str,
-        "shard_tokens": shard_tokens,
-        "chunk_chars": chunk_chars,
-        "jsonl_field": jsonl_field,
+        "shard_tokens": options.shard_tokens,
+        "chunk_chars": options.chunk_chars,
+        "jsonl_field": options.jsonl_field,
         "sources": [
             [s.spec, s.kind, [[str(p), p.stat().st_size, p.stat().st_mtime_ns] for p in s.files]] for s in sources
         ],
@@ -439,14 +478,18 @@ def _encode(tokenizer: TextTokenizer, pieces: list[Piece]) -> _Encoded:
     return _Encoded(pieces, tokens, lengths, piece_bytes)
 
 
+@dataclass(frozen=True)
+class _Estimate:
+    """The progress bar: shown or not, and what the time left is estimated from (all the input's bytes, or the
+    tokens the caller expects)."""
+
+    shown: bool
+    total_bytes: int | None
+    expected_tokens: int | None
+
+
 def _tokenize_into(
-    stream: _Stream,
-    tokenizer: TextTokenizer,
-    pieces: Iterable[Piece],
-    chunk_chars: int,
-    progress: bool,
-    total_bytes: int | None,
-    expected_tokens: int | None,
+    stream: _Stream, tokenizer: TextTokenizer, pieces: Iterable[Piece], chunk_chars: int, estimate: _Estimate
 ) -> None:
     """Tokenize the pieces in batches big enough to keep every core busy, BATCHES_IN_FLIGHT at a time while the
     next batch is read, and append them to the stream in order."""
@@ -454,8 +497,9 @@ def _tokenize_into(
 
     # enough pieces per encode_batch call for the tokenizer's threads, few enough to keep memory bounded
     batch_chars = chunk_chars * max(8, 2 * (os.cpu_count() or 1))
-    bar = tqdm(unit="tok", unit_scale=True, desc="tokenizing", disable=not progress, initial=stream.writer.total,
-               total=expected_tokens, smoothing=0.05)  # fmt: skip
+    total_bytes, expected_tokens = estimate.total_bytes, estimate.expected_tokens
+    bar = tqdm(unit="tok", unit_scale=True, desc="tokenizing", disable=not estimate.shown,
+               initial=stream.writer.total, total=expected_tokens, smoothing=0.05)  # fmt: skip
     pool = ThreadPoolExecutor(max_workers=BATCHES_IN_FLIGHT, thread_name_prefix="gpt2-prepare")
     pending: deque[Future[_Encoded]] = deque()
 
@@ -488,24 +532,15 @@ def _tokenize_into(
 
 
 def _manifest(
-    tokenizer: TextTokenizer,
-    dtype: np.dtype,
-    val_fraction: float,
-    shard_tokens: int,
-    chunk_chars: int,
-    jsonl_field: str,
-    train_tokens: int,
-    val_tokens: int,
-    shards: list[tuple[str, Path, int, str]],
-    sources: list[Source],
-    report: Report,
+    made: _Made, train_tokens: int, val_tokens: int, shards: list[tuple[str, Path, int, str]]
 ) -> dict[str, Any]:
     """The manifest: everything needed to read the shards and to know how they were made. No timestamps or
     absolute paths, so the same inputs give the same bytes."""
+    options, report, sources = made.options, made.report, made.sources
     return {
-        **manifest_header(tokenizer, dtype),
+        **manifest_header(made.tokenizer, made.dtype),
         "document_separator": DOCUMENT_SEPARATOR,
-        "val_fraction": val_fraction,
+        "val_fraction": options.val_fraction,
         "splits": {"train": train_tokens, "val": val_tokens},
         "shards": [
             {"file": path.name, "split": split, "tokens": count, "sha256": sha256}
@@ -526,7 +561,11 @@ def _manifest(
             ],
         },
         "forced_splits": report.forced_splits,
-        "settings": {"shard_tokens": shard_tokens, "chunk_chars": chunk_chars, "jsonl_field": jsonl_field},
+        "settings": {
+            "shard_tokens": options.shard_tokens,
+            "chunk_chars": options.chunk_chars,
+            "jsonl_field": options.jsonl_field,
+        },
     }
 
 

@@ -2,7 +2,7 @@
 format, the task, LoRA, the memory plan, early stopping) plus `train`, a whole `TrainConfig` for the optimizer,
 schedule, evaluation, checkpoints, tracking and device, with fine-tuning's defaults.
 
-    >>> FinetuneConfig.from_overrides(data="notes.txt", max_steps=50).train.max_steps
+    >>> FinetuneConfig.from_overrides(data="notes.txt", max_steps=50).train.schedule.max_steps
     50
 """
 
@@ -25,10 +25,10 @@ AUTO = "auto"
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
 
-FINETUNE_TRAINING = TrainConfig(
+FINETUNE_TRAINING = TrainConfig.from_dict(dict(
     max_steps=200, learning_rate=FULL_LEARNING_RATE, warmup_steps=10, weight_decay=0.0, eval_interval=20,
     checkpoint_interval=100, out_dir="out/finetune", sample_prompt="", sample_tokens=100,
-)  # fmt: skip
+))  # fmt: skip
 """Fine-tuning's training defaults. Its data, tokenizer and model-shape fields are not used: the data is
 FinetuneConfig.data, the model and tokenizer are FinetuneConfig.model's; block_size and dropout apply."""
 
@@ -76,7 +76,7 @@ class FinetuneConfig:
 
     def __post_init__(self) -> None:
         if isinstance(self.train, dict):  # from parsed overrides: fine-tuning's defaults, then the given keys
-            object.__setattr__(self, "train", TrainConfig.from_dict({**FINETUNE_TRAINING.to_dict(), **self.train}))
+            object.__setattr__(self, "train", FINETUNE_TRAINING.replace(**self.train))
         if self.task not in TASKS:
             raise ValueError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if isinstance(self.batch_size, str) and self.batch_size != AUTO:
@@ -89,7 +89,7 @@ class FinetuneConfig:
             parse_bytes(self.memory_budget)
         if self.task == "classification" and self.lora:
             raise ValueError("task=classification trains every weight and the score head; drop --lora")
-        if self.task == "classification" and self.train.val_fraction == 0.0:
+        if self.task == "classification" and self.train.data.val_fraction == 0.0:
             raise ValueError("task=classification needs a val split for its accuracy: set val_fraction > 0")
         if self.patience is not None and self.patience < 1:
             raise ValueError(f"patience must be a positive integer or unset, got {self.patience}")
@@ -103,7 +103,7 @@ class FinetuneConfig:
         as the field's type, as `--set` reads it). Unknown keys are an error listing the valid ones."""
         own = {field.name for field in dataclasses.fields(cls)} - {"train"}
         hints = typing.get_type_hints(cls)
-        train_hints = typing.get_type_hints(TrainConfig)
+        train_hints = TrainConfig.key_hints()
         parsed: dict[str, Any] = {}
         train: dict[str, Any] = {}
         for key, value in values.items():
@@ -113,7 +113,7 @@ class FinetuneConfig:
                 train[key] = parse_value(key, value, train_hints[key]) if isinstance(value, str) else value
             else:
                 raise ValueError(f"unknown fine-tuning setting {key!r}; valid: {', '.join(_valid_keys())}")
-        return cls(**parsed, train=TrainConfig.from_dict({**FINETUNE_TRAINING.to_dict(), **train}))
+        return cls(**parsed, train=FINETUNE_TRAINING.replace(**train))
 
     @classmethod
     def from_settings(cls, assignments: Sequence[str], **values: Any) -> FinetuneConfig:
@@ -122,12 +122,12 @@ class FinetuneConfig:
         own = {field.name for field in dataclasses.fields(cls)}
         dotted = []
         unknown = [key for key, _ in map(parse_override, assignments)
-                   if key.partition(".")[0] not in own and key not in TrainConfig.field_names()]  # fmt: skip
+                   if key.partition(".")[0] not in own and key not in TrainConfig.key_hints()]  # fmt: skip
         if unknown:
             raise ValueError(f"unknown fine-tuning key(s) {unknown}; valid keys: {', '.join(_valid_keys())}")
         for assignment in assignments:
             key, raw = parse_override(assignment)
-            in_train = key not in own and key in TrainConfig.field_names()
+            in_train = key not in own and key in TrainConfig.key_hints()
             dotted.append(f"train.{key}={raw}" if in_train else f"{key}={raw}")
         parsed = parse_overrides(cls, dotted, what="fine-tuning")
         train = {**parsed.pop("train", {}), **{k: v for k, v in values.items() if k not in own}}
@@ -135,7 +135,7 @@ class FinetuneConfig:
 
     @property
     def out_dir(self) -> str:
-        return self.train.out_dir
+        return self.train.output.out_dir
 
     def lora_config(self) -> LoRAConfig:
         targets = tuple(name.strip() for name in self.lora_targets.split(",") if name.strip())
@@ -148,8 +148,8 @@ class FinetuneConfig:
         train = self.train
         return train.replace(
             block_size=block_size, eval_batches=eval_batches, batch_size=batch_size, grad_accum_steps=grad_accum_steps,
-            learning_rate=lr, warmup_steps=min(train.warmup_steps, train.max_steps),
-            eval_interval=train.eval_interval or train.max_steps,
+            learning_rate=lr, warmup_steps=min(train.schedule.warmup_steps, train.schedule.max_steps),
+            eval_interval=train.evaluation.eval_interval or train.schedule.max_steps,
         )  # fmt: skip
 
 

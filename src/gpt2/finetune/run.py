@@ -43,7 +43,7 @@ from gpt2.train.metrics import METRICS_FILE
 from gpt2.train.optimizer import configure_optimizer
 from gpt2.train.pretrain import sample_text
 from gpt2.train.tracking import Tracking, require_trackers
-from gpt2.train.trainer import Trainer
+from gpt2.train.trainer import LoopOptions, Placement, Trainer, TrainingData
 
 ADAPTER_DIR = "adapter"
 SAMPLE_FILE = "sample.txt"
@@ -81,16 +81,16 @@ def plan_memory(config: FinetuneConfig, model: GPT, block_size: int, device: tor
     """The micro-batch and accumulation of the run, checked against the memory budget (ValueError when the run
     cannot fit: nothing has been written yet)."""
     budget = memory_budget(config, device)
-    dtype = resolve_dtype(config.train.dtype, device)
+    dtype = resolve_dtype(config.train.runtime.dtype, device)
     lora_params = sum(t.numel() for t in lora_state_dict(model).values()) if config.lora else None
-    checkpointing = config.train.activation_checkpointing
+    checkpointing = config.train.runtime.activation_checkpointing
     if config.batch_size == AUTO:
-        global_batch = config.global_batch_size or 8 * config.train.grad_accum_steps
+        global_batch = config.global_batch_size or 8 * config.train.data.grad_accum_steps
         plan = auto_batch_size(model.config, block_size, budget, global_batch_size=global_batch, dtype=dtype,
                                lora_params=lora_params, activation_checkpointing=checkpointing)  # fmt: skip
         batch_size, grad_accum_steps = plan.batch_size, plan.grad_accum_steps
     else:
-        batch_size, grad_accum_steps = int(config.batch_size), config.train.grad_accum_steps
+        batch_size, grad_accum_steps = int(config.batch_size), config.train.data.grad_accum_steps
 
     def estimate(checkpointed: bool) -> MemoryEstimate:
         return estimate_memory(model.config, batch_size, block_size, dtype=dtype, lora_params=lora_params,
@@ -139,31 +139,31 @@ def finetune(
     FileExistsError). stop_at_step: save and return after this step although the LR schedule runs to max_steps."""
     say = log or (lambda message: None)
     out = Path(config.out_dir)
-    require_trackers(config.train.log_to)  # a missing extra is refused before anything is written
+    require_trackers(config.train.output.log_to)  # a missing extra is refused before anything is written
     task = TASKS[config.task](config)
     for note in task.notes:
         say(note)
     model, device = task.model, task.llm.device
     saved_dropout = model.config.dropout  # the output model keeps the dropout it came with
-    if config.train.dropout is not None:
-        set_dropout(model, config.train.dropout)
+    if config.train.model.dropout is not None:
+        set_dropout(model, config.train.model.dropout)
     if config.lora:
         add_lora(model, config.lora_config())
     plan = plan_memory(config, model, task.block_size, device)  # refuses a run that cannot fit, before any write
     for line in plan.lines:
         say(line)
     checkpoint = previous_checkpoint(out, resume, overwrite, Distributed())
-    model.activation_checkpointing = config.train.activation_checkpointing
-    B, seed = plan.batch_size, config.train.seed
+    model.activation_checkpointing = config.train.runtime.activation_checkpointing
+    B, seed = plan.batch_size, config.train.runtime.seed
     train_config = config.training(task.block_size, max(1, math.ceil(task.val_count / B)), B, plan.grad_accum_steps)
     torch.manual_seed(seed)
     best, tracking = BestWeights(out, config.patience, say), Tracking(train_config)
-    trainer = Trainer(
-        model, configure_optimizer(model, train_config, device), train_config, task.batches(B, seed),
-        loss_fn=task.loss_fn, val_batches=task.val_batches(B, seed) if task.val_batches else None,
-        tokenizer=task.llm.tokenizer, device=device, end_step=stop_at_step, evaluations=task.evaluations(B),
-        callbacks=[best, tracking], checkpoint_weights="trainable", log=say,
-    )  # fmt: skip
+    data = TrainingData(task.batches(B, seed), val_batches=task.val_batches(B, seed) if task.val_batches else None,
+                        loss_fn=task.loss_fn, tokenizer=task.llm.tokenizer)  # fmt: skip
+    loop = LoopOptions(end_step=stop_at_step, evaluations=task.evaluations(B), callbacks=[best, tracking],
+                       checkpoint_weights="trainable", log=say)  # fmt: skip
+    optimizer = configure_optimizer(model, train_config.optimizer, device)
+    trainer = Trainer(model, optimizer, train_config, data, Placement(device=device), loop)
     if checkpoint is not None:
         trainer.resume(checkpoint)
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -186,7 +186,7 @@ def finetune(
             merge_lora(model)
         set_dropout(model, saved_dropout)
         task.write(model, out)
-        if config.task == "lm" and train_config.sample_tokens:
+        if config.task == "lm" and train_config.evaluation.sample_tokens:
             done.sample = sample_text(model, task.llm.tokenizer, train_config)
             atomic_write_text(out / SAMPLE_FILE, done.sample)
             tracking.text("sample", done.sample)

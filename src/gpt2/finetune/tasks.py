@@ -66,11 +66,11 @@ def language_model_task(config: FinetuneConfig) -> FinetuneTask:
     """Next-token fine-tuning on text, prompt/completion or chat records (see `gpt2.finetune.data`)."""
     if not config.data:
         raise ValueError("no data: pass --data FILE_OR_FOLDER")
-    llm = LLM.load(config.model, device=resolve_device(config.train.device))
+    llm = LLM.load(config.model, device=resolve_device(config.train.runtime.device))
     block_size = _block_size(config, llm.model)
     examples = load_examples(config.data, llm.tokenizer, column=config.text_column, text_field=config.text_field)
     rows = make_rows(examples, block_size, pad_id=llm.tokenizer.eot_token)
-    train_rows, val_rows = split_rows(rows, config.train.val_fraction, config.train.seed)
+    train_rows, val_rows = split_rows(rows, config.train.data.val_fraction, config.train.runtime.seed)
     if len(train_rows) == 0:
         raise ValueError(f"{config.data} gives {len(rows)} rows, none left to train on; give more data")
     tokenizer = llm.tokenizer
@@ -95,18 +95,18 @@ def classification_task(config: FinetuneConfig) -> FinetuneTask:
     """The pretrained model turned into a classifier (score head N(0, 0.02), seeded) on text + label records."""
     if not config.data:
         raise ValueError("no data: pass --data FILE (.jsonl or .csv with text and label)")
-    llm = LLM.load(config.model, device=resolve_device(config.train.device))
+    llm = LLM.load(config.model, device=resolve_device(config.train.runtime.device))
     block_size = _block_size(config, llm.model)
     examples = read_examples(config.data, text_field=config.text_field, label_field=config.label_field)
     labels = LabelSet.from_values([e.label for e in examples])
     if len(labels) < 2:
         raise ValueError(f"{config.data}: every example has the label {labels.names[0]!r}; a classifier needs two")
-    train, val = split_examples(examples, config.train.val_fraction, seed=config.train.seed)
+    train, val = split_examples(examples, config.train.data.val_fraction, seed=config.train.runtime.seed)
     tokenizer = llm.tokenizer
     train_ids = encode_texts(tokenizer, [e.text for e in train], block_size)
     val_ids = encode_texts(tokenizer, [e.text for e in val], block_size)
     train_labels, val_labels = [labels.id_of(e.label) for e in train], [labels.id_of(e.label) for e in val]
-    torch.manual_seed(config.train.seed)  # the score head's initialization
+    torch.manual_seed(config.train.runtime.seed)  # the score head's initialization
     model = GPTForSequenceClassification(llm.model.config, len(labels), pad_token_id=tokenizer.eot_token)
     result = model.load_state_dict(llm.model.state_dict(), strict=False)
     assert not result.unexpected_keys and list(result.missing_keys) == ["score.weight"], result
@@ -139,7 +139,7 @@ TASKS: dict[str, Callable[[FinetuneConfig], FinetuneTask]] = {
 
 def _block_size(config: FinetuneConfig, model: GPT) -> int:
     context = model.config.block_size
-    block_size = config.train.block_size or min(context, MAX_BLOCK_SIZE)
+    block_size = config.train.model.block_size or min(context, MAX_BLOCK_SIZE)
     if block_size > context:
         raise ValueError(
             f"block_size={block_size} is larger than the model's context of {context} tokens; set block_size<={context}"

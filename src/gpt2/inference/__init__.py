@@ -1,15 +1,7 @@
-"""Inference: the sampling parameters, generation with a KV cache, and the CPU inference layouts."""
+"""Inference: the sampling parameters, logits processors, and generation with a KV cache (the CPU runtime it
+decodes on where it can is gpt2.cpu)."""
 
 from gpt2.inference.generation import DecodeOptions, generate, generate_texts, left_pad, stream, stream_text
-from gpt2.inference.layouts import (
-    Int4Linear,
-    Int8Linear,
-    SplitLinear,
-    optimize_for_inference,
-    prepare_for_inference,
-    quantize_int4,
-    quantize_int8,
-)
 from gpt2.inference.processors import LogitsProcessor, build_processors
 from gpt2.inference.sampling import SamplingParams, filter_top_k, filter_top_p, sample_next_token
 
@@ -17,19 +9,12 @@ __all__ = [
     "DecodeOptions",
     "LogitsProcessor",
     "build_processors",
-    "Int4Linear",
-    "Int8Linear",
     "SamplingParams",
-    "SplitLinear",
     "filter_top_k",
     "filter_top_p",
     "generate",
     "generate_texts",
     "left_pad",
-    "optimize_for_inference",
-    "prepare_for_inference",
-    "quantize_int4",
-    "quantize_int8",
     "sample_next_token",
     "stream",
     "stream_text",

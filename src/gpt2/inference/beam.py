@@ -20,18 +20,19 @@ prompt through the same step as `stream` (the native decoder where it can run th
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from gpt2.inference.decoder import native_decoder
-from gpt2.inference.decoding import DecodeOptions, check_id_list, check_prompt, prefill, truncated_prompt
+from gpt2.cpu.decoder import native_decoder
 from gpt2.inference.processors import LogitsProcessor, apply_processors, build_processors
+from gpt2.inference.prompt import DecodeOptions, check_id_list, check_prompt, prefill, truncated_prompt
 from gpt2.inference.sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from gpt2.model import GPT
+    from gpt2.model import GPT, KVCache
 
 # transformers' stand-in for "impossible" in beam scores: added to a score it keeps the arithmetic finite
 EXCLUDED = -1.0e9
@@ -77,7 +78,7 @@ def beam_search(
     """
     config = model.config
     options = options or DecodeOptions()
-    K, n, penalty, early = params.num_beams, params.n, params.length_penalty, params.early_stopping
+    K, n = params.num_beams, params.n
     check_prompt(model, idx, attention_mask, options.truncate)
     stop_ids = check_id_list("stop_token_ids", params.stop_token_ids, config.vocab_size)
     device = model.transformer.wte.weight.device
@@ -103,8 +104,41 @@ def beam_search(
         params, prompt_length=T, vocab_size=config.vocab_size, vocab_limit=options.vocab_limit, padding=padding
     )
     rules.extend(processors)
+    cache, logits = _prefill_beams(model, idx, mask, K, L)  # logits (B * K, V)
+    positions = mask[:, :T].sum(dim=1) if mask is not None else None  # (B * K,): the next position of each row
+    decoder = native_decoder(model) if options.native is not False else None
+    if options.native is None and decoder is not None and not decoder.takes(B * K):
+        decoder = None  # this many rows step faster through the model (FLOAT32_MAX_ROWS)
 
-    # The prompt once per prompt row, its cache then copied to the prompt's K beams.
+    beams = _Beams.start(idx, K, L, fill, stop_ids)
+    batch_offset = torch.arange(B, device=device)[:, None] * K  # (B, 1): row of a prompt's first beam
+    length = T  # columns filled in every running beam
+    while True:
+        log_probs = F.log_softmax(logits, dim=-1)
+        log_probs = apply_processors(rules, beams.running.view(B * K, L)[:, :length], log_probs)
+        parents, ends = beams.advance(log_probs, length, T, params)
+        length += 1
+        if not beams.can_go_on(length, T, params) or bool(ends.all()):
+            break
+        rows = (parents + batch_offset).view(B * K)  # the cache row each running beam continues
+        if not bool((rows == torch.arange(B * K, device=device)).all()):
+            cache.k[:, :, :, : length - 1] = cache.k[:, rows, :, : length - 1]
+            cache.v[:, :, :, : length - 1] = cache.v[:, rows, :, : length - 1]
+        logits = _decode(model, decoder, beams.running.view(B * K, L)[:, length - 1], cache, mask, positions, length)
+        if positions is not None:
+            positions = positions + 1
+
+    count = int(beams.finished_lengths[:, :n].max())
+    sequences = beams.finished[:, :n, : T + count].reshape(B * n, T + count)
+    return BeamOutput(sequences, beams.finished_scores[:, :n].reshape(B * n))
+
+
+def _prefill_beams(
+    model: GPT, idx: torch.Tensor, mask: torch.Tensor | None, K: int, L: int
+) -> tuple[KVCache, torch.Tensor]:
+    """The prompt run once per prompt row, its cache then copied to the prompt's K beams: the beams' cache (B * K
+    rows, room for L columns) and their first logits (B * K, V) float32."""
+    B, T = idx.shape
     prompt_cache = model.new_kv_cache(B, max_len=L)
     prompt_mask = mask[::K, :T] if mask is not None else None
     first = prefill(model, idx, prompt_mask, start=0, end=T, cache=prompt_cache)  # (B, V)
@@ -112,80 +146,92 @@ def beam_search(
     cache.k[:, :, :, :T] = prompt_cache.k[:, :, :, :T].repeat_interleave(K, dim=1)
     cache.v[:, :, :, :T] = prompt_cache.v[:, :, :, :T].repeat_interleave(K, dim=1)
     cache.length = T
-    del prompt_cache
-    logits = first.float().repeat_interleave(K, dim=0)  # (B * K, V)
-    positions = mask[:, :T].sum(dim=1) if mask is not None else None  # (B * K,): the next position of each row
-    decoder = native_decoder(model) if options.native is not False else None
-    if options.native is None and decoder is not None and not decoder.takes(B * K):
-        decoder = None  # this many rows step faster through the model (FLOAT32_MAX_ROWS)
+    return cache, first.float().repeat_interleave(K, dim=0)
 
-    V = logits.size(-1)
-    keep = max(2, 1 + len(stop_ids)) * K  # candidates kept per prompt, so K can go on when some end
-    in_top_k = torch.arange(keep, device=device) < K  # (keep,): only the K best candidates may finish
-    stop_tensor = torch.tensor(stop_ids, dtype=torch.long, device=device)
-    running = torch.full((B, K, L), fill, dtype=torch.long, device=device)
-    running[:, :, :T] = idx[:, None, :]
-    running_scores = torch.zeros(B, K, device=device)
-    running_scores[:, 1:] = EXCLUDED  # the K beams start equal: only the first may spread at the first step
-    finished = running.clone()
-    finished_scores = torch.full((B, K), EXCLUDED, device=device)
-    finished_lengths = torch.zeros(B, K, dtype=torch.long, device=device)
-    is_finished = torch.zeros(B, K, dtype=torch.bool, device=device)
-    improvable = torch.ones(B, 1, dtype=torch.bool, device=device)
-    batch_offset = torch.arange(B, device=device)[:, None] * K  # (B, 1): row of a prompt's first beam
 
-    length = T  # columns filled in every running beam
-    while True:
-        log_probs = F.log_softmax(logits, dim=-1)
-        log_probs = apply_processors(rules, running.view(B * K, L)[:, :length], log_probs)
-        totals = (log_probs.view(B, K, V) + running_scores[:, :, None]).view(B, K * V)
-        top_scores, top_index = torch.topk(totals, keep)  # (B, keep)
+@dataclass
+class _Beams:
+    """The search's state, per prompt: K running beams (sequences (B, K, L) and score sums) and the K best
+    finished ones (sequences, length-penalized scores, generated lengths, which slots hold a beam), and whether
+    a running beam can still beat the finished set."""
+
+    running: torch.Tensor
+    running_scores: torch.Tensor
+    finished: torch.Tensor
+    finished_scores: torch.Tensor
+    finished_lengths: torch.Tensor
+    is_finished: torch.Tensor
+    improvable: torch.Tensor
+    stop_ids: torch.Tensor
+    keep: int
+    """Candidates kept per prompt and step, so that K can go on when some end."""
+
+    @classmethod
+    def start(cls, idx: torch.Tensor, K: int, L: int, fill: int, stop_ids: list[int]) -> _Beams:
+        B, T = idx.shape
+        device = idx.device
+        running = torch.full((B, K, L), fill, dtype=torch.long, device=device)
+        running[:, :, :T] = idx[:, None, :]
+        running_scores = torch.zeros(B, K, device=device)
+        running_scores[:, 1:] = EXCLUDED  # the K beams start equal: only the first may spread at the first step
+        return cls(
+            running=running,
+            running_scores=running_scores,
+            finished=running.clone(),
+            finished_scores=torch.full((B, K), EXCLUDED, device=device),
+            finished_lengths=torch.zeros(B, K, dtype=torch.long, device=device),
+            is_finished=torch.zeros(B, K, dtype=torch.bool, device=device),
+            improvable=torch.ones(B, 1, dtype=torch.bool, device=device),
+            stop_ids=torch.tensor(stop_ids, dtype=torch.long, device=device),
+            keep=max(2, 1 + len(stop_ids)) * K,
+        )
+
+    def advance(
+        self, log_probs: torch.Tensor, length: int, T: int, params: SamplingParams
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step from the running beams' next-token log_probs (B * K, V) at column `length`: the new running
+        beams, and the finished set updated. Returns the beam each new running beam extends (B, K) and which of
+        the kept candidates ended (B, keep)."""
+        B, K, L = self.running.shape
+        V = log_probs.size(-1)
+        totals = (log_probs.view(B, K, V) + self.running_scores[:, :, None]).view(B, K * V)
+        top_scores, top_index = torch.topk(totals, self.keep)  # (B, keep)
         source = top_index // V  # (B, keep): the beam each candidate extends
-        candidates = _gather(running, source)  # (B, keep, L)
+        candidates = _gather(self.running, source)  # (B, keep, L)
         candidates[:, :, length] = top_index % V
-        ends = torch.isin(candidates[:, :, length], stop_tensor) | (length + 1 >= L)  # (B, keep)
+        ends = torch.isin(candidates[:, :, length], self.stop_ids) | (length + 1 >= L)  # (B, keep)
 
         # the next running beams: the K best candidates that do not end
         going_on = top_scores + ends.float() * EXCLUDED
         chosen = torch.topk(going_on, K).indices  # (B, K)
-        running = _gather(candidates, chosen)
-        running_scores = _gather(going_on, chosen)
-        parents = _gather(source, chosen)  # (B, K)
+        self.running = _gather(candidates, chosen)
+        self.running_scores = _gather(going_on, chosen)
 
         # the finished set: its K best among what it held and the top-K candidates that end now
         generated = length + 1 - T
+        in_top_k = torch.arange(self.keep, device=ends.device) < K  # (keep,): only the K best candidates may finish
         ended_now = ends & in_top_k[None, :]
-        scores = top_scores / (generated**penalty)
-        all_done = is_finished.all(dim=-1, keepdim=True) & (early is True)
-        scores = scores + all_done.float() * EXCLUDED + (~improvable).float() * EXCLUDED + (~ended_now) * EXCLUDED
-        merged_scores = torch.cat((finished_scores, scores), dim=1)
+        scores = top_scores / (generated**params.length_penalty)
+        all_done = self.is_finished.all(dim=-1, keepdim=True) & (params.early_stopping is True)
+        scores = scores + all_done.float() * EXCLUDED + (~self.improvable).float() * EXCLUDED + (~ended_now) * EXCLUDED
+        merged_scores = torch.cat((self.finished_scores, scores), dim=1)
         best = torch.topk(merged_scores, K).indices
-        finished = _gather(torch.cat((finished, candidates), dim=1), best)
-        finished_scores = _gather(merged_scores, best)
+        self.finished = _gather(torch.cat((self.finished, candidates), dim=1), best)
+        self.finished_scores = _gather(merged_scores, best)
         new_lengths = torch.full_like(ended_now, generated, dtype=torch.long)
-        finished_lengths = _gather(torch.cat((finished_lengths, new_lengths), dim=1), best)
-        is_finished = _gather(torch.cat((is_finished, ended_now), dim=1), best)
+        self.finished_lengths = _gather(torch.cat((self.finished_lengths, new_lengths), dim=1), best)
+        self.is_finished = _gather(torch.cat((self.is_finished, ended_now), dim=1), best)
+        return _gather(source, chosen), ends
 
-        length += 1
+    def can_go_on(self, length: int, T: int, params: SamplingParams) -> bool:
+        """Whether some prompt's best running beam (now `length` columns long) can still beat its finished set."""
+        penalty, early = params.length_penalty, params.early_stopping
+        L = self.running.size(-1)
         best_length = L - T if early == "never" and penalty > 0.0 else length - T
-        best_running = running_scores[:, :1] / (best_length**penalty)
-        worst_finished = torch.where(is_finished, finished_scores.min(dim=1, keepdim=True).values, EXCLUDED)
-        improvable = improvable & (best_running > worst_finished).any(dim=-1, keepdim=True)
-        can_go_on = bool(improvable.any()) and not (early is True and bool(is_finished.all()))
-        if not can_go_on or bool(ends.all()):
-            break
-
-        rows = (parents + batch_offset).view(B * K)  # the cache row each running beam continues
-        if not bool((rows == torch.arange(B * K, device=device)).all()):
-            cache.k[:, :, :, : length - 1] = cache.k[:, rows, :, : length - 1]
-            cache.v[:, :, :, : length - 1] = cache.v[:, rows, :, : length - 1]
-        logits = _decode(model, decoder, running.view(B * K, L)[:, length - 1], cache, mask, positions, length)
-        if positions is not None:
-            positions = positions + 1
-
-    count = int(finished_lengths[:, :n].max())
-    sequences = finished[:, :n, : T + count].reshape(B * n, T + count)
-    return BeamOutput(sequences, finished_scores[:, :n].reshape(B * n))
+        best_running = self.running_scores[:, :1] / (best_length**penalty)
+        worst_finished = torch.where(self.is_finished, self.finished_scores.min(dim=1, keepdim=True).values, EXCLUDED)
+        self.improvable = self.improvable & (best_running > worst_finished).any(dim=-1, keepdim=True)
+        return bool(self.improvable.any()) and not (early is True and bool(self.is_finished.all()))
 
 
 def _decode(

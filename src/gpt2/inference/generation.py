@@ -41,10 +41,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gpt2.cpu.decoder import native_decoder
 from gpt2.inference.beam import beam_search
-from gpt2.inference.decoder import native_decoder
-from gpt2.inference.decoding import DecodeOptions, Truncate, check_id_list, check_prompt, prefill, truncated_prompt
 from gpt2.inference.processors import LogitsProcessor, apply_processors, build_processors, with_end_of_text
+from gpt2.inference.prompt import DecodeOptions, Truncate, check_id_list, check_prompt, prefill, truncated_prompt
 from gpt2.inference.sampling import Generators, SamplingParams, sample_next_token
 from gpt2.inference.structured import structured_processor
 from gpt2.inference.text import TextAssembler

@@ -263,21 +263,43 @@ def sample_next_token(
         drawn = _draw_among_top_k(logits, temperature, top_k, top_p, generator)
         if drawn is not None:
             return drawn
-    # Otherwise a finite sum means every logit is finite (NaN and +-inf carry into it; so does an overflow of huge
-    # values, which then takes the careful path).
-    if not bool(logits.sum().isfinite()):
-        logits = _special_values_resolved(logits)
     if temperature < GREEDY_BELOW_TEMPERATURE:
-        return logits.argmax(dim=-1)
-    best = logits.amax(dim=-1, keepdim=True)  # (B, 1)
+        return _resolved(logits).argmax(dim=-1)
+    return draw(filtered_probs(logits, temperature=temperature, top_k=top_k, top_p=top_p), generator)
+
+
+def is_greedy(temperature: float) -> bool:
+    """Whether a draw at this temperature is greedy (argmax): below GREEDY_BELOW_TEMPERATURE."""
+    return temperature < GREEDY_BELOW_TEMPERATURE
+
+
+def filtered_probs(
+    logits: torch.Tensor, *, temperature: float, top_k: int | None = None, top_p: float | None = None
+) -> torch.Tensor:
+    """The distribution `sample_next_token` draws from at a temperature >= GREEDY_BELOW_TEMPERATURE: logits
+    (..., V) -> softmax((logits - max) / temperature) after top-k then top-p, (..., V) float32. Speculative
+    decoding accepts drafts against these same probabilities. Special values as `sample_next_token` treats them.
+    """
+    if is_greedy(temperature):
+        raise ValueError(
+            f"temperature {temperature!r} is greedy (below {GREEDY_BELOW_TEMPERATURE}): take the argmax instead"
+        )
+    shape = logits.shape
+    logits = _resolved(logits.float().reshape(-1, shape[-1]))  # (N, V)
     # Shifted so the best logit is 0: dividing by a small temperature then only pushes the others towards -inf
     # (never +inf or NaN), and at least one token keeps probability 1 before normalization.
-    logits = (logits - best) / temperature
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None:
         logits = filter_top_k(logits, top_k)
     if top_p is not None:
         logits = filter_top_p(logits, top_p)
-    return draw(F.softmax(logits, dim=-1), generator)
+    return F.softmax(logits, dim=-1).view(shape)
+
+
+def _resolved(logits: torch.Tensor) -> torch.Tensor:
+    """Logits (B, V) float32 ready to draw from: unchanged when all finite (a finite sum means every logit is
+    finite: NaN and +-inf carry into it, so does an overflow of huge values, which then takes the careful path)."""
+    return logits if bool(logits.sum().isfinite()) else _special_values_resolved(logits)
 
 
 def _draw_among_top_k(

@@ -40,9 +40,9 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 import torch.nn.functional as F
 
-from gpt2.inference.decoder import NativeDecoder, native_decoder
+from gpt2.cpu.decoder import NativeDecoder, native_decoder
 from gpt2.inference.generation import DEFAULT_SLIDE_FRACTION, text_pieces
-from gpt2.inference.sampling import SamplingParams, draw, filter_top_k, filter_top_p
+from gpt2.inference.sampling import SamplingParams, draw, filtered_probs, is_greedy, sample_next_token
 from gpt2.tokenizer.protocol import TextTokenizer
 
 if TYPE_CHECKING:
@@ -58,7 +58,9 @@ the weights once for them all (the 88M float32 target of docs/benchmarks.md: 2 t
 # ------------------------------------------------------------------------------------------ distributions
 @dataclass(frozen=True)
 class Sampler:
-    """The per-step rule of `sample_next_token` as probabilities, so drafts can be accepted against them."""
+    """The sampling settings of a speculative generation; `probs` is `gpt2.inference.sampling.filtered_probs`,
+    the distribution `sample_next_token` draws from, and `greedy` its threshold, so drafts are accepted by the
+    one rule every draw follows."""
 
     temperature: float = 1.0
     top_k: int | None = None
@@ -66,17 +68,20 @@ class Sampler:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return is_greedy(self.temperature)
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """Logits (..., V) -> the filtered distribution sample_next_token draws from (..., V) float32: softmax of
-        logits / temperature after top-k then top-p."""
-        logits = logits.float() / self.temperature
-        if self.top_k is not None:
-            logits = filter_top_k(logits, self.top_k)
-        if self.top_p is not None:
-            logits = filter_top_p(logits, self.top_p)
-        return F.softmax(logits, dim=-1)
+        """Logits (..., V) -> the distribution sample_next_token draws from (..., V) float32."""
+        return filtered_probs(logits, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+
+
+def speculates(params: SamplingParams, *, rules: bool, logprobs: bool) -> bool:
+    """Whether speculation serves a sequence, the one rule of the offline API and the server's engine: greedy, with
+    no rules (penalties, bans, grammars, beams) and no log-probabilities. Greedy speculation commits exactly the
+    tokens plain greedy decoding draws, so such a sequence's tokens are the same whether it speculates or not,
+    alone or among others. A sampled sequence never speculates: its kept drafts are distributed as plain sampling's
+    draws but are not the same draws, so its text would depend on whether it ran alone."""
+    return params.greedy and params.num_beams == 1 and not rules and not logprobs
 
 
 # ------------------------------------------------------------------------------------------ cached model
@@ -116,6 +121,25 @@ class _CachedModel:
     def keep(self, columns: int) -> None:
         """Forget every cached column from `columns` on (rejected drafts)."""
         self.cache.length = max(0, min(self.cache.length, columns - self.start))
+
+    def verify(self, tokens: torch.Tensor, n: int, k: int) -> torch.Tensor:
+        return self.logits(tokens, n + k, k + 1)
+
+    def reject(self, count: int) -> None:
+        self.cache.length = max(0, self.cache.length - count)
+
+
+class Target(Protocol):
+    """The model that verifies drafts, with its cache (`_CachedModel` offline, the server's batch row)."""
+
+    def verify(self, tokens: torch.Tensor, n: int, k: int) -> torch.Tensor:
+        """Feed the drafts tokens[n : n + k] after the committed tokens[:n] (the cache holds all but the last
+        committed one); the logits (k + 1, V) after tokens[n - 1], ..., tokens[n + k - 1]."""
+        ...
+
+    def reject(self, count: int) -> None:
+        """Forget the last `count` tokens fed (rejected drafts)."""
+        ...
 
 
 # ------------------------------------------------------------------------------------------ drafters
@@ -238,7 +262,7 @@ class DraftModel:
         while drafted < k:
             logits = self._state.logits(tokens, n + drafted, 1)[-1, :vocab]  # (vocab,)
             if sampler.greedy:  # greedy drafts are certain: no distribution needed
-                token = int(logits.argmax())
+                token = int(sample_next_token(logits.view(1, -1), temperature=0.0)[0])
                 probability = float(torch.softmax(logits.float(), dim=-1)[token]) if self.confidence else 1.0
             else:
                 dists.append(sampler.probs(logits))
@@ -337,20 +361,10 @@ def speculative_stream(
     n = len(ids)
     tokens[:n] = torch.tensor(ids, dtype=torch.long)
     produced = 0
+    speculator = Speculator(target, drafter, stats)
     while produced < max_new_tokens:
-        # never draft past the budget: the last token of a step is always the target's own
-        k = min(max_draft, max_new_tokens - produced - 1)
-        drafts, q = drafter.propose(tokens, n, k, sampler, vocab, generator) if k > 0 else (tokens[:0], None)
-        k = drafts.numel()
-        tokens[n : n + k] = drafts
-        logits = target.logits(tokens, n + k, k + 1)[:, :vocab]  # (k + 1, vocab): p_0 .. p_k
-        accepted, new = verify_drafts(logits, drafts, q, sampler, generator)
-        stats.verifications += 1
-        stats.drafted += k
-        stats.accepted += accepted
-        target.keep(n + accepted)
-        drafter.accept(n + accepted)
-        for token in [*drafts[:accepted].tolist(), new]:
+        k = draft_length(max_draft, max_new_tokens - produced)
+        for token in speculator.step(tokens, n, k, sampler, vocab, generator):
             tokens[n] = token
             n += 1
             produced += 1
@@ -358,6 +372,41 @@ def speculative_stream(
             yield token
             if token in stops:
                 return
+
+
+def draft_length(max_draft: int, remaining: int) -> int:
+    """How many tokens a step may draft: at most `max_draft` (what the drafter and the room left in the target's
+    context allow) and never past the budget of `remaining` tokens, as a step's last token is the target's own."""
+    return max(0, min(max_draft, remaining - 1))
+
+
+@dataclass
+class Speculator:
+    """A drafter and the target that verifies its drafts, with the counts of their steps: the one speculative step
+    of the offline stream and of the server's engine."""
+
+    target: Target
+    drafter: Drafter
+    stats: SpeculationStats = field(default_factory=SpeculationStats)
+
+    def step(
+        self, tokens: torch.Tensor, n: int, k: int, sampler: Sampler, vocab: int, generator: torch.Generator | None
+    ) -> list[int]:
+        """Up to k drafts continuing tokens[:n] (tokens (N,) has room for them at [n, n + k)), one verification by
+        the target, the rejected drafts rolled back (target and drafter), and the tokens the step commits: the kept
+        drafts, then the target's own next token (`verify_drafts`)."""
+        drafter = self.drafter
+        drafts, q = drafter.propose(tokens, n, k, sampler, vocab, generator) if k > 0 else (tokens[:0], None)
+        k = drafts.numel()
+        tokens[n : n + k] = drafts
+        logits = self.target.verify(tokens, n, k)[:, :vocab]  # (k + 1, vocab): p_0 .. p_k
+        accepted, new = verify_drafts(logits.float(), drafts, q, sampler, generator)
+        self.target.reject(k - accepted)
+        drafter.accept(n + accepted)
+        self.stats.verifications += 1
+        self.stats.drafted += k
+        self.stats.accepted += accepted
+        return [*drafts[:accepted].tolist(), new]
 
 
 def verify_drafts(
@@ -372,7 +421,7 @@ def verify_drafts(
     docstring (greedy: kept while they are the argmax; sampling: Leviathan / Chen)."""
     k = drafts.numel()
     if sampler.greedy:
-        choice = logits.argmax(dim=-1)  # (k + 1,)
+        choice = sample_next_token(logits, temperature=0.0)  # (k + 1,) the argmax, as every greedy draw
         mismatch = (choice[:k] != drafts).nonzero()
         accepted = int(mismatch[0]) if mismatch.numel() else k
         return accepted, int(choice[accepted])

@@ -5,7 +5,7 @@ This module runs its own forward that calls the model's submodules in the model'
 `drop`; in each block `ln_1`, `attn.c_attn`, the attention written out as in the model's explicit reference
 path, `attn.c_proj`, `attn.resid_dropout`, `ln_2`, `mlp.c_fc`, the tanh GELU, `mlp.c_proj`, `mlp.dropout`; then
 `ln_f` and `lm_head` -- so it computes the model's function on any checkpoint (tests pin its logits, patterns
-and residuals to the model's and to transformers'), and works on the inference layouts of gpt2.inference too,
+and residuals to the model's and to transformers'), and works on the inference layouts of gpt2.cpu too,
 since it only calls the modules it finds.
 
 Activation names are TransformerLens' (HookedTransformer on GPT-2), so recipes written for it read the same:

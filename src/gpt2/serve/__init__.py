@@ -22,8 +22,9 @@ from typing import Any
 from gpt2.serve.batch import DecodeBatch
 from gpt2.serve.chat import ChatMessage
 from gpt2.serve.config import ServerConfig
-from gpt2.serve.engine import (
-    Engine,
+from gpt2.serve.engine import Engine
+from gpt2.serve.prefix_cache import PrefixCache
+from gpt2.serve.sequence import (
     EngineError,
     EngineFailed,
     EngineStopped,
@@ -33,7 +34,6 @@ from gpt2.serve.engine import (
     SequenceStatus,
     TokenLogprob,
 )
-from gpt2.serve.prefix_cache import PrefixCache
 
 # The HTTP parts need the `serve` extra (fastapi, uvicorn): imported on first use, so the engine and the CLI's
 # help work without it.

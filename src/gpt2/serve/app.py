@@ -21,7 +21,7 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -32,24 +32,15 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gpt2.api import LLM
+from gpt2.serve import Engine, EngineError, EngineFailed, EngineStopped, QueueFull, SequenceOutput, SequenceRequest
 from gpt2.serve.chat import ChatMessage
 from gpt2.serve.config import MEGABYTE, ServerConfig
-from gpt2.serve.engine import (
-    Engine,
-    EngineError,
-    EngineFailed,
-    EngineStopped,
-    QueueFull,
-    SequenceOutput,
-    SequenceRequest,
-)
 from gpt2.serve.metrics import ServerMetrics
 from gpt2.serve.playground import PLAYGROUND_HTML
 from gpt2.serve.prefix_cache import PrefixCache
 from gpt2.serve.protocol import (
     APIError,
     ChatRequest,
-    Choice,
     CompletionRequest,
     GenerationRequest,
     LogprobFormatter,
@@ -211,7 +202,7 @@ class _Submission:
     def cancel(self) -> None:
         self._ticket.cancel()
 
-    async def collect(self, request: Request, choices: list[Choice]) -> None:
+    async def collect(self, request: Request, choices: list[SequenceOutput]) -> None:
         """Gather every output into `choices`, cancelling the sequences if the client goes away meanwhile."""
         watcher = self.watch(request)
         try:
@@ -373,11 +364,13 @@ class _Service:
         n = parsed.params.n
         scoring = parsed.echo and parsed.logprobs is not None
         submission = self.submit(self.sequences(parsed, prompts, prompt_logprobs=scoring))
-        choices = [Choice(index, prompts[index // n]) for index in range(len(prompts) * n)]
+        choices = [SequenceOutput(index) for index in range(len(prompts) * n)]
+        prompt_of = [prompts[index // n] for index in range(len(choices))]
         prompt_tokens = sum(len(prompt) for prompt in prompts)
         response_id, created = new_id("cmpl"), now()
         if parsed.stream:
-            chunks = self._completion_chunks(parsed, submission, choices, prompt_tokens, response_id, created)
+            head = self._head(response_id, "text_completion", created)
+            chunks = self._completion_chunks(parsed, submission, choices, prompt_of, prompt_tokens, head)
             return StreamingResponse(
                 _sse(chunks, submission, request), media_type="text/event-stream", headers=SSE_HEADERS
             )
@@ -389,22 +382,24 @@ class _Service:
                 "object": "text_completion",
                 "created": created,
                 "model": self.config.model_name,
-                "choices": [self._completion_choice(parsed, choice) for choice in choices],
+                "choices": [self._completion_choice(parsed, choice, prompt_of[choice.index]) for choice in choices],
                 "usage": usage(prompt_tokens, sum(choice.completion_tokens for choice in choices)),
             }
         )
 
-    def _completion_choice(self, parsed: CompletionRequest, choice: Choice) -> dict[str, Any]:
-        prompt_text = self.tokenizer.decode(choice.prompt_ids) if parsed.echo else ""
+    def _completion_choice(
+        self, parsed: CompletionRequest, choice: SequenceOutput, prompt: list[int]
+    ) -> dict[str, Any]:
+        prompt_text = self.tokenizer.decode(prompt) if parsed.echo else ""
         logprobs = None
         if parsed.logprobs is not None:
             if parsed.echo:
                 assert choice.prompt_logprobs is not None
                 logprobs = self.logprobs.completion(
-                    [*choice.prompt_ids, *choice.token_ids], [*choice.prompt_logprobs, *choice.logprobs]
+                    [*prompt, *choice.token_ids], [*choice.prompt_logprobs, *choice.logprobs]
                 )
             else:
-                offset = len(self.tokenizer.decode(choice.prompt_ids))
+                offset = len(self.tokenizer.decode(prompt))
                 logprobs = self.logprobs.completion(choice.token_ids, choice.logprobs, offset=offset)
         return {
             "index": choice.index,
@@ -413,47 +408,40 @@ class _Service:
             "finish_reason": choice.finish_reason,
         }
 
-    async def _completion_chunks(
+    def _completion_chunks(
         self,
         parsed: CompletionRequest,
         submission: _Submission,
-        choices: list[Choice],
+        choices: list[SequenceOutput],
+        prompt_of: list[list[int]],
         prompt_tokens: int,
-        response_id: str,
-        created: int,
+        head: dict[str, Any],
     ) -> AsyncIterator[dict[str, Any]]:
-        head = {"id": response_id, "object": "text_completion", "created": created, "model": self.config.model_name}
-        offsets = [len(self.tokenizer.decode(choice.prompt_ids)) for choice in choices]
+        offsets = [len(self.tokenizer.decode(prompt)) for prompt in prompt_of]
         echoed = [not parsed.echo] * len(choices)
-        async for output in submission.outputs():
-            if output.error:
-                yield _stream_error(output.error)
-                continue
-            choice = choices[output.index]
-            choice.add(output)
+
+        def render(output: SequenceOutput, finish: str | None) -> dict[str, Any] | None:
             text, token_ids, logprobs = output.text, list(output.token_ids), list(output.logprobs)
             prompt_logprobs: list[Any] = []
             if not echoed[output.index]:  # the first chunk of a choice carries its prompt
                 echoed[output.index] = True
-                text = self.tokenizer.decode(choice.prompt_ids) + text
+                text = self.tokenizer.decode(prompt_of[output.index]) + text
                 if parsed.logprobs is not None:
                     prompt_logprobs = list(output.prompt_logprobs or [])
-                    token_ids = [*choice.prompt_ids, *token_ids]
+                    token_ids = [*prompt_of[output.index], *token_ids]
                     offsets[output.index] = 0
-            if not text and not token_ids and output.finish_reason is None:
-                continue
+            if not text and not token_ids and finish is None:
+                return None
             chunk_logprobs = None
             if parsed.logprobs is not None:
                 chunk_logprobs = self.logprobs.completion(
                     token_ids, [*prompt_logprobs, *logprobs], offset=offsets[output.index]
                 )
                 offsets[output.index] += sum(len(token) for token in chunk_logprobs["tokens"])
-            finish = "stop" if output.finish_reason == "cancelled" else output.finish_reason
-            choice_body = {"index": output.index, "text": text, "logprobs": chunk_logprobs, "finish_reason": finish}
-            yield {**head, "choices": [choice_body]}
-        if parsed.include_usage:
-            completion_tokens = sum(choice.completion_tokens for choice in choices)
-            yield {**head, "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
+            return {"index": output.index, "text": text, "logprobs": chunk_logprobs, "finish_reason": finish}
+
+        usage_of = prompt_tokens if parsed.include_usage else None
+        return _chunks(submission, choices, head, render, usage_of)
 
     # ------------------------------------------------------------------------------------ chat
     async def chat(self, request: Request) -> Response:
@@ -462,10 +450,11 @@ class _Service:
         self.check_choices(parsed.params.n)
         prompt = await run_in_threadpool(self.encode_chat, parsed.messages)
         submission = self.submit(self.sequences(parsed, [prompt]))
-        choices = [Choice(index, prompt) for index in range(parsed.params.n)]
+        choices = [SequenceOutput(index) for index in range(parsed.params.n)]
         response_id, created = new_id("chatcmpl"), now()
         if parsed.stream:
-            chunks = self._chat_chunks(parsed, submission, choices, len(prompt), response_id, created)
+            head = self._head(response_id, "chat.completion.chunk", created)
+            chunks = self._chat_chunks(parsed, submission, choices, len(prompt), head)
             return StreamingResponse(
                 _sse(chunks, submission, request), media_type="text/event-stream", headers=SSE_HEADERS
             )
@@ -493,47 +482,67 @@ class _Service:
             }
         )
 
-    async def _chat_chunks(
+    def _chat_chunks(
         self,
         parsed: ChatRequest,
         submission: _Submission,
-        choices: list[Choice],
+        choices: list[SequenceOutput],
         prompt_tokens: int,
-        response_id: str,
-        created: int,
+        head: dict[str, Any],
     ) -> AsyncIterator[dict[str, Any]]:
-        head = {
-            "id": response_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": self.config.model_name,
-        }
-        for choice in choices:  # OpenAI opens each choice with the role
-            delta = {"role": "assistant", "content": ""}
-            yield {
-                **head,
-                "choices": [{"index": choice.index, "delta": delta, "logprobs": None, "finish_reason": None}],
+        # OpenAI opens each choice with the role
+        opening = [
+            {
+                "index": choice.index,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
             }
-        async for output in submission.outputs():
-            if output.error:
-                yield _stream_error(output.error)
-                continue
-            choice = choices[output.index]
-            choice.add(output)
-            text = output.text
+            for choice in choices
+        ]
+
+        def render(output: SequenceOutput, finish: str | None) -> dict[str, Any] | None:
+            if not output.text and not output.logprobs and finish is None:
+                return None
             logprobs = self.logprobs.chat(output.logprobs) if parsed.logprobs is not None else None
-            if not text and not output.logprobs and output.finish_reason is None:
-                continue
-            finish = "stop" if output.finish_reason == "cancelled" else output.finish_reason
-            delta = {"content": text} if text or finish is None else {}
-            body = {"index": output.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-            yield {**head, "choices": [body]}
-        if parsed.include_usage:
-            completion_tokens = sum(choice.completion_tokens for choice in choices)
-            yield {**head, "choices": [], "usage": usage(prompt_tokens, completion_tokens)}
+            delta = {"content": output.text} if output.text or finish is None else {}
+            return {"index": output.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+
+        usage_of = prompt_tokens if parsed.include_usage else None
+        return _chunks(submission, choices, head, render, usage_of, opening)
+
+    def _head(self, response_id: str, kind: str, created: int) -> dict[str, Any]:
+        """The fields every chunk of a stream repeats."""
+        return {"id": response_id, "object": kind, "created": created, "model": self.config.model_name}
 
 
-def _raise_engine_error(choices: list[Choice]) -> None:
+async def _chunks(
+    submission: _Submission,
+    choices: list[SequenceOutput],
+    head: dict[str, Any],
+    render: Callable[[SequenceOutput, str | None], dict[str, Any] | None],
+    usage_of: int | None,
+    opening: Sequence[dict[str, Any]] = (),
+) -> AsyncIterator[dict[str, Any]]:
+    """The stream of a completion or a chat: the `opening` choice bodies, then each output gathered into its choice
+    and rendered as one choice body (`render(output, finish_reason)`, None: nothing to send), an error as an error
+    chunk, and the usage at the end when asked (`usage_of`: the prompt's tokens)."""
+    for body in opening:
+        yield {**head, "choices": [body]}
+    async for output in submission.outputs():
+        if output.error:
+            yield _stream_error(output.error)
+            continue
+        choices[output.index].add(output)
+        finish = "stop" if output.finish_reason == "cancelled" else output.finish_reason
+        rendered = render(output, finish)
+        if rendered is not None:
+            yield {**head, "choices": [rendered]}
+    if usage_of is not None:
+        yield {**head, "choices": [], "usage": usage(usage_of, sum(choice.completion_tokens for choice in choices))}
+
+
+def _raise_engine_error(choices: list[SequenceOutput]) -> None:
     errors = [choice.error for choice in choices if choice.error]
     if errors:
         raise engine_error(errors[0])

@@ -24,7 +24,7 @@ to the rounding of the batched reductions.
   feeds); join_prefilled then seats it like a join, copying its keys and values in (no forward). Outside the batch,
   it is untouched by the rows' moves; the copy costs far less than the prefill it follows.
 - step: one forward of the B pending tokens (B, 1), each with its row's mask and position (in the native decoder,
-  gpt2.inference.decoder, where it can run the model).
+  gpt2.cpu.decoder, where it can run the model).
 - extend / rollback: a lone row feeds several tokens in one forward and drops the rejected ones again (the
   engine's speculative decoding at batch 1).
 - Room: a step needs column L free. When L reaches block_size, or the padding every row shares grows past a
@@ -41,7 +41,7 @@ from collections.abc import Sequence
 
 import torch
 
-from gpt2.inference.decoder import native_decoder
+from gpt2.cpu.decoder import native_decoder
 from gpt2.inference.speculative import NATIVE_SPAN
 from gpt2.model import GPT, KVCache
 from gpt2.serve.prefix_cache import CachedPrefix, PrefixCache

@@ -8,6 +8,9 @@ One registry per app (never the process-wide default one): two servers in one pr
 - the prefix cache's counters, read when scraped: prompt tokens looked up (`gpt2_prefix_cache_queries_total`) and
   of those reused (`gpt2_prefix_cache_hits_total`; their ratio is the hit rate), blocks evicted, bytes held (all
   zero with the cache off);
+- speculative decoding's counters, read when scraped, with vLLM's spec-decode names: verifications
+  (`gpt2_spec_decode_num_drafts_total`), drafted tokens (`..._num_draft_tokens_total`) and of those accepted
+  (`..._num_accepted_tokens_total`; their ratio is the acceptance rate), all zero without a drafter;
 - time to the first token, time per output token after it, and end-to-end latency (histograms), measured where
   the server hands outputs to the client, so they include queueing and the engine's turns.
 """
@@ -20,7 +23,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpt2.serve.engine import Engine, SequenceOutput
+from gpt2.serve.engine import Engine
+from gpt2.serve.sequence import SequenceOutput
 
 # Seconds. First tokens wait for a prefill (and a queue); later tokens for one decode step of the batch.
 FIRST_TOKEN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -45,6 +49,7 @@ class ServerMetrics:
         waiting = Gauge("gpt2_num_requests_waiting", "Sequences queued for a row", registry=registry)
         waiting.set_function(lambda: engine.waiting)
         registry.register(PrefixCacheCollector(engine))
+        registry.register(SpeculationCollector(engine))
         self.first_token = Histogram(
             "gpt2_time_to_first_token_seconds", "From submission to a sequence's first token",
             buckets=FIRST_TOKEN_BUCKETS, registry=registry,
@@ -97,3 +102,20 @@ class PrefixCacheCollector(Collector):
         yield CounterMetricFamily("gpt2_prefix_cache_hits", "Prompt tokens reused from the prefix cache", value=hits)
         yield CounterMetricFamily("gpt2_prefix_cache_evictions", "Prefix cache blocks evicted", value=evictions)
         yield GaugeMetricFamily("gpt2_prefix_cache_bytes", "Bytes of the prefix cache's blocks in use", value=held)
+
+
+class SpeculationCollector(Collector):
+    """The engine's speculative-decoding counters as Prometheus metrics, read at each scrape."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._engine.speculation
+        yield CounterMetricFamily(
+            "gpt2_spec_decode_num_drafts", "Speculative steps (one verification each)", value=stats.verifications
+        )
+        yield CounterMetricFamily("gpt2_spec_decode_num_draft_tokens", "Tokens drafted", value=stats.drafted)
+        yield CounterMetricFamily(
+            "gpt2_spec_decode_num_accepted_tokens", "Drafted tokens the model accepted", value=stats.accepted
+        )

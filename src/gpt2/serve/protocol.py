@@ -19,13 +19,13 @@ import math
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gpt2.inference.sampling import SamplingParams
 from gpt2.inference.structured import JSON_OBJECT
 from gpt2.serve.chat import ChatMessage, parse_messages
-from gpt2.serve.engine import MAX_TOP_LOGPROBS, EngineError, SequenceOutput, TokenLogprob
+from gpt2.serve.sequence import MAX_TOP_LOGPROBS, TokenLogprob
 from gpt2.tokenizer.protocol import TextTokenizer
 
 MAX_TEMPERATURE = 2.0  # OpenAI's range is [0, 2]
@@ -334,31 +334,6 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
-
-
-@dataclass
-class Choice:
-    """One choice's output, gathered from the engine's SequenceOutputs."""
-
-    index: int
-    prompt_ids: Sequence[int] = ()
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    prompt_logprobs: list[TokenLogprob | None] | None = None
-    finish_reason: str | None = None
-    completion_tokens: int = 0
-    error: EngineError | None = None
-
-    def add(self, output: SequenceOutput) -> None:
-        self.text += output.text
-        self.token_ids += output.token_ids
-        self.logprobs += output.logprobs
-        if output.prompt_logprobs is not None:
-            self.prompt_logprobs = output.prompt_logprobs
-        self.finish_reason = output.finish_reason or self.finish_reason
-        self.completion_tokens = max(self.completion_tokens, output.completion_tokens)
-        self.error = output.error or self.error
 
 
 class LogprobFormatter:

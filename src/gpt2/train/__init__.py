@@ -1,9 +1,10 @@
 """Training: the Trainer and its parts, and pretraining built on it.
 
-Where each thing lives: `config` (TrainConfig, presets, TOML), `trainer` (Trainer: the step, evaluation, save
-and resume, the loop; the loss and batch-source interfaces), `pretrain` (train(): GPT pretraining with a
-Trainer), `schedule` (the LR schedule), `optimizer` (AdamW groups), `distributed` (torchrun, DDP/FSDP, full
-states), `metrics` (metrics.jsonl, loss plot, MFU), `checkpoint` (the run's checkpoint folders).
+Where each thing lives: `config` (TrainConfig in sections, presets, TOML), `trainer` (Trainer: the step,
+evaluation, save and resume, the loop; the loss and batch-source interfaces), `pretrain` (train(): GPT
+pretraining with a Trainer), `schedule` (the LR schedule), `optimizer` (AdamW groups), `distributed`
+(torchrun, DDP/FSDP, full states), `metrics` (metrics.jsonl, loss plot, MFU), `checkpoint` (the run's checkpoint
+folders).
 """
 
 from gpt2.train.config import PRESETS, TrainConfig, load_config
@@ -14,9 +15,12 @@ from gpt2.train.pretrain import train
 from gpt2.train.schedule import learning_rate_at
 from gpt2.train.trainer import (
     BatchSource,
+    LoopOptions,
     LossFn,
+    Placement,
     StepStats,
     Trainer,
+    TrainingData,
     TrainingDiverged,
     TrainResult,
     accumulation_steps,
@@ -28,12 +32,15 @@ __all__ = [
     "PRESETS",
     "BatchSource",
     "Distributed",
+    "LoopOptions",
     "LossFn",
+    "Placement",
     "Metrics",
     "StepStats",
     "TrainConfig",
     "TrainResult",
     "Trainer",
+    "TrainingData",
     "TrainingDiverged",
     "accumulation_steps",
     "configure_optimizer",

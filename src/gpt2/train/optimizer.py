@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 from gpt2.runtime.device import cpu_prefers_bf16
-from gpt2.train.config import TrainConfig
+from gpt2.train.config import OptimizerConfig, TrainConfig
 from gpt2.train.muon import MuonAdamW
 from gpt2.train.schedule import schedule_at
 
@@ -31,7 +31,7 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, An
     ]
 
 
-def muon_parameter_groups(model: nn.Module, config: TrainConfig) -> list[dict[str, Any]]:
+def muon_parameter_groups(model: nn.Module, config: OptimizerConfig) -> list[dict[str, Any]]:
     """Three groups: Muon for the 2-D weights inside the transformer blocks (attn.c_attn, attn.c_proj, mlp.c_fc,
     mlp.c_proj, and LoRA factors there); AdamW with weight decay for the other 2-D tensors (token and position
     embeddings = the tied head, a classifier head); AdamW without decay for the 1-D ones (biases, LayerNorm)."""
@@ -39,8 +39,12 @@ def muon_parameter_groups(model: nn.Module, config: TrainConfig) -> list[dict[st
     muon = [p for name, p in named if p.dim() == 2 and _BLOCK_PARAMETER.search(name)]
     chosen = {id(p) for p in muon}
     rest = [p for _, p in named if id(p) not in chosen]
-    adamw = {"use_muon": False, "max_lr": config.learning_rate, "betas": (config.beta1, config.beta2),
-             "eps": config.eps}  # fmt: skip
+    adamw = {
+        "use_muon": False,
+        "max_lr": config.learning_rate,
+        "betas": (config.beta1, config.beta2),
+        "eps": config.eps,
+    }
     groups = [
         {"params": muon, "use_muon": True, "max_lr": config.muon_lr, "lr": config.muon_lr,
          "weight_decay": config.muon_weight_decay, "momentum": config.muon_momentum, "nesterov": True,
@@ -51,14 +55,14 @@ def muon_parameter_groups(model: nn.Module, config: TrainConfig) -> list[dict[st
     return [group for group in groups if group["params"]]
 
 
-def configure_optimizer(model: nn.Module, config: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
-    """config.optimizer: 'adamw' = torch.optim.AdamW over `parameter_groups`; 'muon' = MuonAdamW over
-    `muon_parameter_groups`. AdamW's implementation is what `config.optimizer_impl` asks for ('auto': fused on
-    CUDA and CPU, else foreach). Under FSDP, build it after sharding: it must hold the sharded parameters."""
-    impl = config.optimizer_impl
+def configure_optimizer(model: nn.Module, config: OptimizerConfig, device: torch.device) -> torch.optim.Optimizer:
+    """config.name: 'adamw' = torch.optim.AdamW over `parameter_groups`; 'muon' = MuonAdamW over
+    `muon_parameter_groups`. AdamW's implementation is what `config.impl` asks for ('auto': fused on CUDA and
+    CPU, else foreach). Under FSDP, build it after sharding: it must hold the sharded parameters."""
+    impl = config.impl
     if impl == "auto":
         impl = "fused" if device.type in ("cuda", "cpu") else "foreach"
-    if config.optimizer == "muon":
+    if config.name == "muon":
         ns_dtype = config.muon_ns_dtype
         if ns_dtype == "auto":  # bf16 matmuls: fast on CUDA and on some CPUs, elsewhere far slower than fp32
             ns_dtype = "bfloat16" if device.type == "cuda" or cpu_prefers_bf16() else "float32"
@@ -75,17 +79,17 @@ def configure_optimizer(model: nn.Module, config: TrainConfig, device: torch.dev
 
 
 def apply_schedule(optimizer: torch.optim.Optimizer, config: TrainConfig, step: int) -> float:
-    """Set every group's LR for optimizer step `step` (0-based): config.lr_schedule applied to the group's peak
-    (`max_lr`: config.muon_lr for Muon groups; config.learning_rate otherwise), and Muon's momentum warmup.
-    Returns the AdamW learning rate (the one logged)."""
+    """Set every group's LR for optimizer step `step` (0-based): config.schedule.lr_schedule applied to the group's
+    peak (`max_lr`: muon_lr for Muon groups; learning_rate otherwise), and Muon's momentum warmup. Returns the
+    AdamW learning rate (the one logged)."""
     for group in optimizer.param_groups:
-        group["lr"] = schedule_at(config, step, group.get("max_lr", config.learning_rate))
+        group["lr"] = schedule_at(config.schedule, step, group.get("max_lr", config.optimizer.learning_rate))
         if group.get("use_muon"):
-            group["momentum"] = muon_momentum_at(config, step)
-    return schedule_at(config, step, config.learning_rate)
+            group["momentum"] = muon_momentum_at(config.optimizer, step)
+    return schedule_at(config.schedule, step, config.optimizer.learning_rate)
 
 
-def muon_momentum_at(config: TrainConfig, step: int) -> float:
+def muon_momentum_at(config: OptimizerConfig, step: int) -> float:
     """Muon's momentum at `step`: MUON_MOMENTUM_START rising linearly to muon_momentum over
     muon_momentum_warmup_steps, then constant."""
     warmup = config.muon_momentum_warmup_steps

@@ -8,7 +8,7 @@ import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gpt2.train.config import TrainConfig
+    from gpt2.train.config import ScheduleConfig
 
 
 def learning_rate_at(step: int, *, max_lr: float, min_lr: float, warmup_steps: int, decay_steps: int) -> float:
@@ -48,7 +48,7 @@ def wsd_learning_rate_at(
     return max_lr + progress * (min_lr - max_lr)
 
 
-def schedule_at(config: TrainConfig, step: int, max_lr: float) -> float:
+def schedule_at(config: ScheduleConfig, step: int, max_lr: float) -> float:
     """The LR of step `step` under config.lr_schedule for a peak of max_lr (floor max_lr * min_lr_ratio,
     warmup_steps, decaying until max_steps)."""
     min_lr = max_lr * config.min_lr_ratio

@@ -69,8 +69,8 @@ class WandbTracker:
 
         directory.mkdir(parents=True, exist_ok=True)
         settings = wandb.Settings(mode="offline", silent=True, console="off", x_disable_stats=True)
-        self.run = wandb.init(project=WANDB_PROJECT, dir=str(directory), config=config.to_dict(), settings=settings,
-                              name=Path(config.out_dir).name, reinit="create_new")  # fmt: skip
+        self.run = wandb.init(project=WANDB_PROJECT, dir=str(directory), config=config.to_flat(), settings=settings,
+                              name=Path(config.output.out_dir).name, reinit="create_new")  # fmt: skip
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         self.run.log(values, step=step)
@@ -83,17 +83,17 @@ class WandbTracker:
 
 
 class Tracking(TrainerCallback):
-    """The trackers of `config.log_to`, fed every metrics.jsonl line; `close` (or the with-block) ends them.
+    """The trackers of `config.output.log_to`, fed every metrics.jsonl line; `close` (or the with-block) ends them.
     enabled=False (ranks other than 0) opens none."""
 
     def __init__(self, config: TrainConfig, *, enabled: bool = True) -> None:
-        require_trackers(config.log_to)
-        out = Path(config.out_dir)
+        require_trackers(config.output.log_to)
+        out = Path(config.output.out_dir)
         makers: dict[str, Callable[[], Tracker]] = {
             "tensorboard": lambda: TensorBoardTracker(out / TENSORBOARD_DIR, config),
             "wandb": lambda: WandbTracker(out / WANDB_DIR, config),
         }
-        self.trackers: list[Tracker] = [makers[name]() for name in config.log_to] if enabled else []
+        self.trackers: list[Tracker] = [makers[name]() for name in config.output.log_to] if enabled else []
         self.step = 0
 
     def on_metrics(self, trainer: Trainer, record: dict[str, Any]) -> None:

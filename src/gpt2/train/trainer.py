@@ -1,13 +1,15 @@
 """The Trainer: one optimizer step read as a recipe, evaluation, resumable checkpoints, and the loop around them.
 
-A Trainer is made from a model, its optimizer, the TrainConfig and a batch source; the loss is a function of
-(model, batch). Pretraining (`gpt2.train.pretrain.train`) uses the defaults: `BatchLoader` next-token batches
-and `next_token_loss`. A variant changes only what differs, for example a classifier on the last position:
+A Trainer is made from a model, its optimizer, the TrainConfig and its `TrainingData` (batches, and the loss as
+a function of (model, batch)). Pretraining (`gpt2.train.pretrain.train`) uses the defaults: `BatchLoader`
+next-token batches and `next_token_loss`. A variant changes only what differs, for example a classifier on the
+last position:
 
     >>> def last_token_loss(model, batch):                                        # doctest: +SKIP
     ...     x, labels = batch                                                     # (B, T), (B,)
     ...     return F.cross_entropy(model(x).logits[:, -1], labels)
-    >>> trainer = Trainer(model, optimizer, config, batches, loss_fn=last_token_loss)  # doctest: +SKIP
+    >>> data = TrainingData(batches, loss_fn=last_token_loss)                     # doctest: +SKIP
+    >>> trainer = Trainer(model, optimizer, config, data)                          # doctest: +SKIP
     >>> result = trainer.fit()                                                     # doctest: +SKIP
 
 `train_step` follows llm.c's order: set the LR; run `grad_accum_steps` micro-steps, each adding
@@ -125,17 +127,17 @@ def step_seed(seed: int, rank: int, step: int) -> int:
 
 
 def accumulation_steps(config: TrainConfig, micro_batch_tokens: int, world_size: int) -> int:
-    """Micro-steps per optimizer step: config.grad_accum_steps, or total_batch_tokens / (tokens of one
+    """Micro-steps per optimizer step: config.data.grad_accum_steps, or total_batch_tokens / (tokens of one
     micro-batch on all ranks) when total_batch_tokens is set, which must divide exactly."""
-    if config.total_batch_tokens is None:
-        return config.grad_accum_steps
+    if config.data.total_batch_tokens is None:
+        return config.data.grad_accum_steps
     per_micro_step = micro_batch_tokens * world_size
-    if config.total_batch_tokens % per_micro_step:
+    if config.data.total_batch_tokens % per_micro_step:
         raise ValueError(
-            f"total_batch_tokens={config.total_batch_tokens} is not a multiple of batch_size * block_size * "
+            f"total_batch_tokens={config.data.total_batch_tokens} is not a multiple of batch_size * block_size * "
             f"world_size = {micro_batch_tokens} * {world_size} = {per_micro_step}; change one of them"
         )
-    return config.total_batch_tokens // per_micro_step
+    return config.data.total_batch_tokens // per_micro_step
 
 
 @dataclass(frozen=True)
@@ -176,19 +178,51 @@ class TrainResult:
     seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class TrainingData:
+    """What the model learns from: the training batches, a factory of val sources (a fresh one per evaluation, so
+    every evaluation sees the same batches), the loss of a batch, and the tokenizer saved into every checkpoint."""
+
+    batches: BatchSource
+    val_batches: Callable[[], BatchSource] | None = None
+    loss_fn: LossFn = next_token_loss
+    tokenizer: TextTokenizer | None = None
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the steps run; each default is found once: the model's device, config.runtime.dtype resolved for
+    it, and torchrun's environment."""
+
+    device: torch.device | None = None
+    dtype: torch.dtype | None = None
+    dist: Distributed | None = None
+
+
+@dataclass(frozen=True)
+class LoopOptions:
+    """How `fit` runs around the step. grad_accum_steps: default from config (`accumulation_steps`). end_step:
+    stop (and save) after this step although the LR schedule runs to max_steps. evaluations: more figures
+    measured at every evaluation. callbacks: hooks around the loop (`TrainerCallback`). checkpoint_weights:
+    "model" saves the whole GPT (HF layout) and refreshes the model in OUT; "trainable" only the parameters that
+    train (fine-tuning: its frozen weights come from the pretrained model). log: receives status lines (rank 0
+    only)."""
+
+    grad_accum_steps: int | None = None
+    end_step: int | None = None
+    evaluations: Sequence[Evaluation] = ()
+    callbacks: Sequence[TrainerCallback] = ()
+    checkpoint_weights: Literal["model", "trainable"] = "model"
+    log: Callable[[str], None] | None = None
+
+
 class Trainer:
-    """Trains `model` with `optimizer` as `config` says, on batches from `batches`, minimizing `loss_fn`.
+    """Trains `model` with `optimizer` as `config` says, on `data` (`TrainingData`: batches, val batches, loss,
+    tokenizer), where `placement` says, around the loop as `loop` says (`LoopOptions`).
 
     model: on its device; under FSDP already sharded (`gpt2.train.distributed.shard`, before the optimizer is
-    built); the Trainer adds the DDP wrapper and torch.compile itself. val_batches: makes a fresh val source
-    for each evaluation (so every evaluation sees the same batches). tokenizer: saved into every checkpoint.
-    device, dtype, dist: default to the model's device, config.dtype resolved for it, and torchrun's
-    environment. grad_accum_steps: default from config (`accumulation_steps`). end_step: stop (and save) after
-    this step although the LR schedule runs to config.max_steps. evaluations: more figures measured at every
-    evaluation. callbacks: hooks around the loop (`TrainerCallback`). checkpoint_weights: "model" saves the
-    whole GPT (HF layout) and refreshes the model in OUT; "trainable" only the parameters that train (fine-tuning:
-    its frozen weights come from the pretrained model). log: receives status lines (rank 0 only). Files go into
-    config.out_dir (rank 0 only).
+    built); the Trainer adds the DDP wrapper and torch.compile itself. Files go into config.output.out_dir (rank
+    0 only).
     """
 
     def __init__(
@@ -196,50 +230,42 @@ class Trainer:
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
         config: TrainConfig,
-        batches: BatchSource,
-        *,
-        loss_fn: LossFn = next_token_loss,
-        val_batches: Callable[[], BatchSource] | None = None,
-        tokenizer: TextTokenizer | None = None,
-        device: torch.device | None = None,
-        dtype: torch.dtype | None = None,
-        dist: Distributed | None = None,
-        grad_accum_steps: int | None = None,
-        end_step: int | None = None,
-        evaluations: Sequence[Evaluation] = (),
-        callbacks: Sequence[TrainerCallback] = (),
-        checkpoint_weights: Literal["model", "trainable"] = "model",
-        log: Callable[[str], None] | None = None,
+        data: TrainingData,
+        placement: Placement | None = None,
+        loop: LoopOptions | None = None,
     ) -> None:
+        placement = Placement() if placement is None else placement
+        loop = LoopOptions() if loop is None else loop
         self.config = config
-        self.dist = distributed_from_env() if dist is None else dist
-        self.device = next(model.parameters()).device if device is None else device
-        self.dtype = resolve_dtype(config.dtype, self.device) if dtype is None else dtype
-        if grad_accum_steps is None and config.total_batch_tokens is not None:
+        self.dist = distributed_from_env() if placement.dist is None else placement.dist
+        self.device = next(model.parameters()).device if placement.device is None else placement.device
+        self.dtype = resolve_dtype(config.runtime.dtype, self.device) if placement.dtype is None else placement.dtype
+        if loop.grad_accum_steps is None and config.data.total_batch_tokens is not None:
             raise ValueError("config.total_batch_tokens is set: pass grad_accum_steps=accumulation_steps(...)")
-        self.grad_accum_steps = config.grad_accum_steps if grad_accum_steps is None else grad_accum_steps
+        self.grad_accum_steps = config.data.grad_accum_steps if loop.grad_accum_steps is None else loop.grad_accum_steps
         if self.grad_accum_steps < 1:
             raise ValueError(f"grad_accum_steps must be a positive integer, got {self.grad_accum_steps}")
-        self.end_step = config.max_steps if end_step is None else min(end_step, config.max_steps)
+        max_steps = config.schedule.max_steps
+        self.end_step = max_steps if loop.end_step is None else min(loop.end_step, max_steps)
         self.optimizer = optimizer
-        self.batches = batches
-        self.val_batches = val_batches
-        self.loss_fn = loss_fn
-        self.tokenizer = tokenizer
-        self.evaluations = list(evaluations)
-        self.callbacks = list(callbacks)
-        self.checkpoint_weights = checkpoint_weights
-        self.log = log if (log is not None and self.dist.is_main) else None
-        self.out_dir = Path(config.out_dir)
+        self.batches = data.batches
+        self.val_batches = data.val_batches
+        self.loss_fn = data.loss_fn
+        self.tokenizer = data.tokenizer
+        self.evaluations = list(loop.evaluations)
+        self.callbacks = list(loop.callbacks)
+        self.checkpoint_weights = loop.checkpoint_weights
+        self.log = loop.log if (loop.log is not None and self.dist.is_main) else None
+        self.out_dir = Path(config.output.out_dir)
         self.metrics = Metrics(self.out_dir / METRICS_FILE, enabled=self.dist.is_main)
 
         # The model as given is what is saved and scored; `forward_model` adds the wrappers training runs through.
         self.model = model
         self.sharded = self.dist.enabled and is_sharded(model)
-        if self.dist.enabled and config.parallel == "fsdp" and not self.sharded:
+        if self.dist.enabled and config.runtime.parallel == "fsdp" and not self.sharded:
             raise ValueError("parallel='fsdp': shard the model (gpt2.train.distributed.shard) before its optimizer")
         forward_model = replicate(model, self.device) if self.dist.enabled and not self.sharded else model
-        self.forward_model = cast(nn.Module, torch.compile(forward_model)) if config.compile else forward_model
+        self.forward_model = cast(nn.Module, torch.compile(forward_model)) if config.runtime.compile else forward_model
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls for any float32 work left outside autocast
@@ -258,8 +284,8 @@ class Trainer:
 
     # ----------------------------------------------------------------------------------- one step
     def learning_rate(self, step: int) -> float:
-        """The (AdamW) LR of optimizer step `step` (0-based): warmup, then config.lr_schedule's decay to min_lr."""
-        return schedule_at(self.config, step, self.config.learning_rate)
+        """The (AdamW) LR of optimizer step `step` (0-based): warmup, then the schedule's decay to min_lr."""
+        return schedule_at(self.config.schedule, step, self.config.optimizer.learning_rate)
 
     def train_step(self) -> StepStats:
         """One optimizer step. Raises TrainingDiverged (before changing any weight) when the loss is not finite."""
@@ -267,7 +293,7 @@ class Trainer:
         started = time.perf_counter()
         # 1. set the learning rates (and Muon's momentum) of this step, and the seed of its dropout
         lr = apply_schedule(self.optimizer, self.config, self.step)
-        torch.manual_seed(step_seed(self.config.seed, self.dist.rank, self.step))
+        torch.manual_seed(step_seed(self.config.runtime.seed, self.dist.rank, self.step))
         # 2. micro-steps: gradients of loss / grad_accum_steps add up to the gradient of the mean loss
         loss_sum = torch.zeros((), device=self.device)
         tokens = 0
@@ -294,7 +320,7 @@ class Trainer:
         self.last_loss = step_loss
         stats = StepStats(self.step, step_loss, lr, grad_norm, time.perf_counter() - started,
                           tokens * self.dist.world_size)  # fmt: skip
-        if self.step % self.config.log_interval == 0 or self.step == self.end_step:
+        if self.step % self.config.output.log_interval == 0 or self.step == self.end_step:
             self.write_metrics(self._record(stats))
         return stats
 
@@ -302,10 +328,10 @@ class Trainer:
         return tuple(t.to(self.device, non_blocking=True) for t in batch)
 
     def _clip_gradients(self) -> float:
-        """Clip the global gradient norm to config.grad_clip; the norm before clipping (NaN when off)."""
-        if self.config.grad_clip <= 0:
+        """Clip the global gradient norm to config.optimizer.grad_clip; the norm before clipping (NaN when off)."""
+        if self.config.optimizer.grad_clip <= 0:
             return float("nan")
-        return float(nn.utils.clip_grad_norm_(self.forward_model.parameters(), self.config.grad_clip))
+        return float(nn.utils.clip_grad_norm_(self.forward_model.parameters(), self.config.optimizer.grad_clip))
 
     def _diverged(self, loss: float) -> TrainingDiverged:
         saved = self.checkpoint
@@ -333,19 +359,19 @@ class Trainer:
 
     # ---------------------------------------------------------------------------------- evaluation
     def evaluate(self) -> float:
-        """Mean loss over config.eval_batches batches of a fresh val source (per rank), averaged over ranks."""
+        """Mean loss over eval_batches batches of a fresh val source (per rank), averaged over ranks."""
         if self.val_batches is None:
             raise ValueError("this Trainer has no val_batches; pass val_batches=... to evaluate")
         batches = self.val_batches()
         self.forward_model.eval()
         total = torch.zeros((), device=self.device)
         with torch.no_grad():
-            for _ in range(self.config.eval_batches):
+            for _ in range(self.config.evaluation.eval_batches):
                 batch = self._on_device(batches.next_batch())
                 with autocast(self.device, self.dtype):
                     total += self.loss_fn(self.forward_model, batch).float()
         self.forward_model.train()
-        total /= self.config.eval_batches
+        total /= self.config.evaluation.eval_batches
         return float(mean_over_ranks(total, self.dist))
 
     def _evaluate_and_log(self) -> float | None:
@@ -418,13 +444,13 @@ class Trainer:
                 raise ValueError("checkpoint_weights='trainable' is not supported under FSDP; use 'model'")
             if self.dist.is_main:
                 self.checkpoint = save_trainable_checkpoint(self.out_dir, self.step, self.model, state, config,
-                                                            config.keep_checkpoints)  # fmt: skip
+                                                            config.output.keep_checkpoints)  # fmt: skip
             return self.checkpoint if self.dist.is_main else None
         weights = full_model(self._gpt()) if self.sharded else self._gpt()
         if not self.dist.is_main:
             return None
         self.checkpoint = save_checkpoint(self.out_dir, self.step, weights, self.tokenizer, state, config,
-                                          config.keep_checkpoints)  # fmt: skip
+                                          config.output.keep_checkpoints)  # fmt: skip
         return self.checkpoint
 
     def resume(self, checkpoint: Path) -> None:
@@ -454,10 +480,10 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------ the loop
     def fit(self, progress: bool = False) -> TrainResult:
-        """Train from `step` to `end_step`: evaluate before the first step of a fresh run and every
-        config.eval_interval steps; save every config.checkpoint_interval steps and at the end; on Ctrl-C
-        finish the step, save and return (interrupted=True); when a callback's should_stop says so, save and
-        return (stopped_early=True). progress: show a progress bar."""
+        """Train from `step` to `end_step`: evaluate before the first step of a fresh run and every eval_interval
+        steps; save every checkpoint_interval steps and at the end; on Ctrl-C finish the step, save and return
+        (interrupted=True); when a callback's should_stop says so, save and return (stopped_early=True).
+        progress: show a progress bar."""
         from tqdm.auto import tqdm
 
         config = self.config
@@ -469,10 +495,10 @@ class Trainer:
         timed_tokens, timed_seconds = 0, 0.0
         interrupted = stopped_early = False
         started = time.perf_counter()
-        bar = tqdm(total=config.max_steps, initial=start_step, unit="step", dynamic_ncols=True,
+        bar = tqdm(total=config.schedule.max_steps, initial=start_step, unit="step", dynamic_ncols=True,
                    disable=not (progress and self.dist.is_main))  # fmt: skip
         with _StopFlag() as stop, bar:
-            if config.eval_interval and self.step == 0:
+            if config.evaluation.eval_interval and self.step == 0:
                 self._keep(val_losses, self._evaluate_and_log())
             while self.step < self.end_step:
                 stats = self.train_step()
@@ -482,13 +508,15 @@ class Trainer:
                     timed_seconds += stats.seconds
                 bar.set_postfix_str(self._postfix(stats), refresh=False)
                 bar.update(1)
-                if config.eval_interval and (self.step % config.eval_interval == 0 or self.step == config.max_steps):
+                if config.evaluation.eval_interval and (
+                    self.step % config.evaluation.eval_interval == 0 or self.step == config.schedule.max_steps
+                ):
                     self._keep(val_losses, self._evaluate_and_log())
                     self.metrics.plot(self.out_dir / PLOT_FILE)
                 stop_now = any_rank(stop.requested, self.device, self.dist)
                 if self.callbacks:
                     stopped_early = any_rank(any(c.should_stop(self) for c in self.callbacks), self.device, self.dist)
-                interval = config.checkpoint_interval
+                interval = config.output.checkpoint_interval
                 if (interval and self.step % interval == 0) or self.step == self.end_step or stop_now or stopped_early:
                     self.save()
                 if stop_now:

@@ -4,12 +4,12 @@ Decoding reads every weight once per step, so on a CPU it runs at the speed the 
 PyTorch's one-row products stream bf16, int8 and int4 weights well below that speed (its int8 and int4 kernels
 are built for many rows), and a step of ~250 small framework ops costs 2-3 ms on top. The C++ file has products
 that stream every format at close to memory speed, and a decoder that runs a whole one-token step in one call
-(gpt2.inference.decoder).
+(gpt2.cpu.decoder).
 
 The file is compiled on first use by torch's extension builder (`-O3 -march=native`, about 20 s, once per
 machine: the build is cached under torch's extensions folder, keyed by the source, the torch version and the
 CPU's features). Where that cannot happen (no C++ compiler, not x86/ARM Linux, `GPT2_NATIVE_KERNELS=0`), every
-caller falls back to the PyTorch layouts of gpt2.inference.layouts, which compute the same thing more slowly.
+caller falls back to the PyTorch layouts of gpt2.cpu.layouts, which compute the same thing more slowly.
 
 Inference uses them by default only where they are faster (`use_native_kernels`): on x86 CPUs with AVX-512
 (F/BW/VL), for which the file has hand-vectorized paths. Elsewhere only the portable C++ loops run, and on an
@@ -141,7 +141,7 @@ def native_ops() -> torch._ops._OpNamespace:
     if not kernels_available():
         raise RuntimeError(
             "the native CPU kernels are not available on this machine (the log line above says why); "
-            "use the PyTorch layouts: gpt2.inference.prepare_for_inference falls back to them"
+            "use the PyTorch layouts: gpt2.cpu.prepare_for_inference falls back to them"
         )
     return torch.ops.gpt2
 

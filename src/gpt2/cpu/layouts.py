@@ -6,9 +6,9 @@ decodes at memory-bandwidth speed, and two things set the pace: how fast the ker
 many bytes each weight takes.
 
 `prepare_for_inference(model, precision)` picks the fastest correct form. Where the native kernels build
-(gpt2.inference.kernels; a C++ compiler is all they need), float32 layers become `OneDNNLinear` (nn.Linear whose
+(gpt2.cpu.kernels; a C++ compiler is all they need), float32 layers become `OneDNNLinear` (nn.Linear whose
 products of many rows, prompts, run in oneDNN), bfloat16, int8 and int4 become `NativeLinear`, and decode steps run
-in the native decoder (gpt2.inference.decoder). Elsewhere it falls back to these PyTorch layouts, which compute the
+in the native decoder (gpt2.cpu.decoder). Elsewhere it falls back to these PyTorch layouts, which compute the
 same thing more slowly:
 
 - `SplitLinear` (fp32, `optimize_for_inference(model)`): a one-row input turns each layer into a matrix-vector
@@ -38,7 +38,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt2.inference.kernels import BLOCK, INT4_LEVELS, NativeLinear, quantize_int8_rows, use_native_kernels
+from gpt2.cpu.kernels import BLOCK, INT4_LEVELS, NativeLinear, quantize_int8_rows, use_native_kernels
 from gpt2.runtime.device import cpu_prefers_bf16
 
 # The rows oneDNN lays a packed weight out for: prompts and batched steps of 1-1024 rows all ran as fast as with

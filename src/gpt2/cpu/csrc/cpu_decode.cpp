@@ -1,4 +1,4 @@
-// CPU kernels for decoding GPT-2; gpt2/inference/kernels.py builds this file on first use (torch's extension
+// CPU kernels for decoding GPT-2; gpt2/cpu/kernels.py builds this file on first use (torch's extension
 // builder, -O3 -march=native) and falls back to the PyTorch layouts when it cannot.
 //
 // Why: decoding reads every weight once per step, so at 1-16 rows a CPU decodes at the speed it streams the

@@ -1,5 +1,5 @@
-"""What every decoder (`stream`, beam search) shares: how its loop runs (DecodeOptions), the prompt check, the
-prefill of a prompt into a KV cache.
+"""How every decoder (`stream`, beam search) starts from a prompt: the options of its loop (DecodeOptions), the
+prompt's check and truncation, its prefill into a KV cache.
 
 Notation: B = batch size, T = prompt length (columns, padding included), V = vocab_size.
 """
@@ -37,7 +37,7 @@ class DecodeOptions:
     compile: bool = False
     """torch.compile the one-token decode step (worth it on GPU; the first call compiles)."""
     native: bool | None = None
-    """Decode steps in the native decoder (gpt2.inference.decoder; same logits within rounding): None uses it
+    """Decode steps in the native decoder (gpt2.cpu.decoder; same logits within rounding): None uses it
     where it can run the model (a CPU model in eval mode with readable layers, kernels built), True requires it,
     False never uses it. Prefills always run the model."""
 

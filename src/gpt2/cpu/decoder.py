@@ -1,5 +1,5 @@
 """One-token decode steps in native code: the whole model (embeddings, blocks, final LayerNorm, LM head) in one
-call to the C++ decoder of gpt2.inference.kernels, reading the model's own weights.
+call to the C++ decoder of gpt2.cpu.kernels, reading the model's own weights.
 
 `native_decoder(model)` gives a `NativeDecoder` for a CPU model in eval mode whose linear layers it can read
 (plain nn.Linear or `OneDNNLinear` in float32 or bfloat16, and `NativeLinear`), or None (a GPU, training mode, LoRA
@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, cast
 import torch
 import torch.nn as nn
 
-from gpt2.inference.kernels import BLOCK, KIND, NativeLinear, native_ops, use_native_kernels
-from gpt2.inference.layouts import OneDNNLinear
+from gpt2.cpu.kernels import BLOCK, KIND, NativeLinear, native_ops, use_native_kernels
+from gpt2.cpu.layouts import OneDNNLinear
 
 if TYPE_CHECKING:
     from gpt2.model import GPT, Block, KVCache
