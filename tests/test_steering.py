@@ -161,3 +161,113 @@ def test_cli_sample_steers_with_a_file_and_an_sae(llm: LLM, tmp_path: Path, caps
     assert printed == llm.generate("Hi", params, steering=items)[0] + "\n"
     assert main([*common, *flags, "--steer", str(tmp_path / "steer.json")]) == 2
     assert "steering[1].sae: no SAE named 'res1'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------ through the server
+@pytest.fixture
+def served(perturbed_tiny_gpt: GPT, tmp_path: Path):
+    """A server for a saved copy of the model (with the SAE as 'res1') and an offline LLM on another copy."""
+    pytest.importorskip("fastapi")
+    import socket
+    import threading
+    import time
+
+    from gpt2.serve import ServerConfig, uvicorn_server
+
+    LLM(perturbed_tiny_gpt, load_tokenizer("bytes"), torch.device("cpu")).save(tmp_path / "model")
+    served_llm, offline = LLM.load(tmp_path / "model"), LLM.load(tmp_path / "model")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    config = ServerConfig(model_name="tiny", port=sock.getsockname()[1], max_batch=8)
+    server = uvicorn_server(served_llm, config, log_level="warning", saes={"res1": random_sae()})
+    thread = threading.Thread(target=server.run, kwargs=dict(sockets=[sock]), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", offline
+    finally:
+        server.should_exit = True
+        thread.join(60)
+        sock.close()
+
+
+def complete(url: str, prompt: str, steering: list | None = None, max_tokens: int = 12) -> dict:
+    import httpx
+
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    if steering is not None:
+        body["steering"] = steering
+    return httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()
+
+
+def test_the_server_steers_each_request_as_offline_and_leaves_plain_ones_as_unsteered(served, monkeypatch) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gpt2.serve.batch import DecodeBatch
+
+    url, offline = served
+    steerings = [
+        [{"hook": "blocks.0.hook_resid_pre", "vector": direction(5).tolist(), "scale": 6.0}],
+        [
+            {"hook": "blocks.1.hook_attn_out", "vector": direction(6).tolist(), "scale": -3.0},
+            {"hook": "blocks.1.hook_resid_pre", "sae": "res1", "feature": 4, "value": 5.0},
+        ],
+        [{"hook": "blocks.1.hook_resid_post", "vector": direction(7).tolist(), "scale": 2.5}],
+    ]
+    prompts = ["To be or not to be, that is", "Once upon a time", "The king said", "Hello, world"]
+    plain_alone = {prompt: complete(url, prompt, max_tokens=24)["choices"][0]["text"] for prompt in prompts}
+    steps: list[tuple[int, bool]] = []  # (rows, native) of every decode step
+    real_step = DecodeBatch.step
+
+    def recorded(batch: DecodeBatch, tokens: torch.Tensor, *, native: bool = True) -> torch.Tensor:
+        steps.append((batch.size, native))
+        return real_step(batch, tokens, native=native)
+
+    monkeypatch.setattr(DecodeBatch, "step", recorded)
+    jobs = [(prompt, None) for prompt in prompts] + [(prompts[i % 4], s) for i, s in enumerate(steerings)]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        answers = list(pool.map(lambda job: complete(url, *job, max_tokens=24), jobs))
+    assert any(rows > 1 and not native for rows, native in steps)  # steered and other rows shared a step
+    for (prompt, steering), answer in zip(jobs, answers, strict=True):
+        text = answer["choices"][0]["text"]
+        if steering is None:
+            assert text == plain_alone[prompt]
+        else:
+            items = [{**item, "sae": random_sae()} if "sae" in item else item for item in steering]
+            params = SamplingParams(max_tokens=24, temperature=0.0)
+            assert text == offline.generate(prompt, params, steering=items)[0]
+            assert text != plain_alone[prompt]
+
+
+def test_the_prefix_cache_never_crosses_steered_and_plain_prompts(served) -> None:
+    url, offline = served
+    prompt = "A shared prompt, long enough to fill blocks of the prefix cache: "
+    steering = [{"hook": "blocks.0.hook_resid_pre", "vector": direction(8).tolist(), "scale": 6.0}]
+    params = SamplingParams(max_tokens=12, temperature=0.0)
+    plain, steered = offline.generate(prompt, params)[0], offline.generate(prompt, params, steering=steering)[0]
+    assert plain != steered
+    for _ in range(2):  # each after the other has been cached
+        assert complete(url, prompt)["choices"][0]["text"] == plain
+        assert complete(url, prompt, steering)["choices"][0]["text"] == steered
+
+
+def test_a_malformed_steering_field_is_a_400_naming_it(served) -> None:
+    import httpx
+
+    url, _ = served
+    for steering, message in [
+        ([{"hook": "blocks.0.hook_resid_pre", "vector": [1.0, 2.0]}], "steering[0].vector has shape (2,)"),
+        ([{"hook": "blocks.7.hook_resid_pre", "vector": [0.0] * C}], "steering[0].hook"),
+        ([{"hook": "blocks.1.hook_resid_pre", "sae": "nope", "feature": 1, "value": 1}], "steering[0].sae"),
+        ({"hook": "blocks.0.hook_resid_pre"}, "steering must be a list"),
+    ]:
+        body = {"model": "tiny", "prompt": "Hi", "max_tokens": 2, "steering": steering}
+        response = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+        assert response.status_code == 400, response.text
+        assert message in response.json()["error"]["message"] and response.json()["error"]["param"] == "steering"
+    nan = '{"model": "tiny", "prompt": "Hi", "steering": [{"hook": "blocks.0.hook_resid_pre", "vector": [NaN]}]}'
+    response = httpx.post(f"{url}/v1/completions", content=nan, headers={"Content-Type": "application/json"})
+    assert response.status_code == 400

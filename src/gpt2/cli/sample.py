@@ -85,8 +85,6 @@ def read_steering(path: str | None, saes: list[str], device: Any) -> list[Any]:
     import json
     from pathlib import Path
 
-    from gpt2.inspect.sae import load_sae
-
     if path is None:
         if saes:
             raise ValueError("--sae is only used by --steer; pass --steer FILE.json too")
@@ -99,15 +97,24 @@ def read_steering(path: str | None, saes: list[str], device: Any) -> list[Any]:
         raise ValueError(f"--steer {path!r} is not JSON ({err})") from err
     if not isinstance(items, list):
         raise ValueError(f"--steer {path!r} must hold a JSON list of interventions")
-    loaded = {}
-    for entry in saes:
-        name, separator, directory = entry.partition("=")
-        if not separator or not name:
-            raise ValueError(f"--sae {entry!r} must be NAME=DIR")
-        loaded[name] = load_sae(directory).to(device)
+    loaded = load_saes(saes, device)
     return [
         {**item, "sae": loaded[item["sae"]]}
         if isinstance(item, dict) and isinstance(item.get("sae"), str) and item["sae"] in loaded
         else item
         for item in items
     ]
+
+
+def load_saes(entries: list[str], device: Any = None) -> dict[str, Any]:
+    """The SAEs of --sae NAME=DIR options, by name."""
+    from gpt2.inspect.sae import load_sae
+
+    loaded = {}
+    for entry in entries:
+        name, separator, directory = entry.partition("=")
+        if not separator or not name:
+            raise ValueError(f"--sae {entry!r} must be NAME=DIR")
+        sae = load_sae(directory)
+        loaded[name] = sae if device is None else sae.to(device)
+    return loaded

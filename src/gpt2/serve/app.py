@@ -21,7 +21,7 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -32,6 +32,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gpt2.api import LLM
+from gpt2.inference.steering import FeatureDictionary, parse_steering
 from gpt2.serve import Engine, EngineError, EngineFailed, EngineStopped, QueueFull, SequenceOutput, SequenceRequest
 from gpt2.serve.chat import ChatMessage
 from gpt2.serve.config import MEGABYTE, ServerConfig
@@ -61,10 +62,10 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 DONE = "data: [DONE]\n\n"
 
 
-def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
-    """The server for `llm` with `config`'s limits. The engine thread starts with the app (or at the first
-    request) and stops when the app shuts down: in-flight work is cancelled then (the HTTP server drains
-    first, see gpt2.serve.server)."""
+def create_app(llm: LLM, config: ServerConfig, *, saes: Mapping[str, FeatureDictionary] | None = None) -> FastAPI:
+    """The server for `llm` with `config`'s limits; `saes` by name, for requests' steering to clamp features of. The
+    engine thread starts with the app (or at the first request) and stops when the app shuts down: in-flight
+    work is cancelled then (the HTTP server drains first, see gpt2.serve.server)."""
     prefix_cache = PrefixCache(config.prefix_cache_mb * MEGABYTE) if config.prefix_cache else None
     engine = Engine(
         llm.model,
@@ -75,7 +76,7 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
         prefill_chunk=config.prefill_chunk,
         drafter=llm.new_drafter(),  # speculative steps for a lone sequence when the LLM has a draft / lookup
     )
-    service = _Service(llm, engine, config)
+    service = _Service(llm, engine, config, saes or {})
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -228,8 +229,9 @@ class _Submission:
 class _Service:
     """What the routes do; one per app."""
 
-    def __init__(self, llm: LLM, engine: Engine, config: ServerConfig) -> None:
+    def __init__(self, llm: LLM, engine: Engine, config: ServerConfig, saes: Mapping[str, FeatureDictionary]) -> None:
         self.llm = llm
+        self.saes = saes
         self.tokenizer = llm.tokenizer
         self.engine = engine
         self.config = config
@@ -344,12 +346,17 @@ class _Service:
     ) -> list[SequenceRequest]:
         """One sequence per prompt and choice: choice index = prompt index * n + i, the i-th with seed + i."""
         params = parsed.params
+        try:
+            steering = tuple(parse_steering(parsed.steering, self.llm.model, self.saes))
+        except ValueError as err:
+            raise bad_request(str(err), "steering") from err
         return [
             SequenceRequest(
                 prompt,
                 params.for_sample(i).replace(n=1),
                 parsed.logprobs,
                 prompt_logprobs,
+                steering,
             )
             for prompt in prompts
             for i in range(params.n)

@@ -10,7 +10,8 @@ Completions (`/v1/completions`) and chat (`/v1/chat/completions`) share the samp
 temperature, top_p, top_k (an extension, as in vLLM), n, stop, seed, presence_penalty, frequency_penalty,
 logit_bias, stream, stream_options.include_usage; and, as extra body fields with transformers' names (as vLLM
 accepts them): repetition_penalty, no_repeat_ngram_size, min_tokens, bad_words (texts or lists of token ids).
-All of them are SamplingParams fields, applied by the same logits processors as `LLM.generate`.
+All of them are SamplingParams fields, applied by the same logits processors as `LLM.generate`. `steering` (a
+list of interventions, gpt2.inference.steering) is read here as a list and checked against the model by the app.
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ class GenerationRequest:
     """Alternatives per generated token (0: only the token's own log-probability); None: no logprobs."""
     stream: bool = False
     include_usage: bool = False
+    steering: tuple[Any, ...] = ()
+    """The `steering` field's interventions as sent (plain data); the app checks them against the model."""
 
 
 @dataclass(frozen=True)
@@ -196,7 +199,10 @@ def _generation_fields(body: dict[str, Any], *, default_max_tokens: int | None) 
             params = params.replace(json_schema=schema)
         except ValueError as err:  # an invalid schema: the grammar library's reason
             raise bad_request(str(err), "response_format") from err
-    return dict(model=model, params=params, stream=stream, include_usage=include_usage)
+    steering = _get(body, "steering", ())
+    if not isinstance(steering, list | tuple):
+        raise bad_request(f"steering must be a list of interventions, got {_describe(steering)}", "steering")
+    return dict(model=model, params=params, stream=stream, include_usage=include_usage, steering=tuple(steering))
 
 
 def _response_schema(body: dict[str, Any]) -> dict[str, Any] | None:

@@ -18,6 +18,7 @@ import torch
 from gpt2.inference.processors import LogitsProcessor, build_processors, with_end_of_text
 from gpt2.inference.sampling import SamplingParams
 from gpt2.inference.speculative import speculates
+from gpt2.inference.steering import Intervention
 from gpt2.inference.text import TextAssembler
 from gpt2.serve.batch import ChunkedPrefill
 from gpt2.tokenizer.protocol import TextTokenizer
@@ -65,6 +66,9 @@ class SequenceRequest:
     only); None: none."""
     prompt_logprobs: bool = False
     """Also the log-probability of every prompt token given the ones before it (the first has none)."""
+    steering: tuple[Intervention, ...] = ()
+    """Interventions applied to this row's forwards (gpt2.inference.steering); its prompt bypasses the prefix
+    cache and it never speculates."""
 
     def __post_init__(self) -> None:
         if self.logprobs is not None and (
@@ -163,7 +167,7 @@ class SequenceState:
         if self.processors:
             self.token_ids = torch.tensor([self.tokens + [0] * max_new], dtype=torch.long, device=device)
         # speculative steps may serve it (the one rule of gpt2.inference.speculative.speculates)
-        self.speculative = speculates(
+        self.speculative = not request.steering and speculates(
             request.params, rules=bool(self.processors), logprobs=request.logprobs is not None
         )
         self.generator = torch.Generator(device=device)
