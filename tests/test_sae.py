@@ -201,3 +201,21 @@ def test_cli_writes_the_top_features_per_token(model: GPT, tmp_path: Path, capsy
     assert main([*common, "--prompt", "Hi <b>", "--out", str(tmp_path / "f.html")]) == 0
     assert "&lt;b&gt;" in (tmp_path / "f.html").read_text()
     assert f"wrote {tmp_path / 'f.html'}" in capsys.readouterr().out
+
+
+def test_a_hub_folder_is_fetched_through_the_hub_module(tmp_path: Path, monkeypatch) -> None:
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    save_sae(random_sae(), tmp_path / "repo" / "blocks.1.hook_resid_pre")
+    asked = {}
+
+    def snapshot_download(repo_id: str, allow_patterns: list[str]) -> str:  # the Hub, offline
+        asked.update(repo_id=repo_id, allow_patterns=allow_patterns)
+        return str(tmp_path / "repo")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    sae = load_sae("someone/gpt2-saes/blocks.1.hook_resid_pre")
+    assert asked == {
+        "repo_id": "someone/gpt2-saes",
+        "allow_patterns": ["blocks.1.hook_resid_pre/cfg.json", "blocks.1.hook_resid_pre/sae_weights.safetensors"],
+    }
+    assert torch.equal(sae.W_enc, random_sae().W_enc)
