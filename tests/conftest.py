@@ -48,3 +48,18 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def perturbed_tiny_gpt():
+    """gpt2-tiny over the byte tokenizer's 257 ids, every parameter perturbed (biases and LayerNorm gains are not
+    the trivial 0 and 1), in eval mode, seeded: the model the patching, SAE and steering tests look into."""
+    from gpt2.config import GPTConfig
+    from gpt2.model import GPT
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("gpt2-tiny", vocab_size=257))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.1 * torch.randn_like(parameter))
+    return model.eval()

@@ -15,6 +15,7 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from gpt2.inference.lora_batch import AdapterSet
 from gpt2.inference.processors import build_processors
 from gpt2.inference.sampling import SamplingParams
 from gpt2.inference.speculative import Drafter, DraftModel, PromptLookup, speculates, speculative_text
+from gpt2.inference.steering import STEERED_ENGINE, Intervention, parse_steering, steer, steered_stream
 from gpt2.model import GPT
 from gpt2.runtime.device import resolve_device
 from gpt2.runtime.gguf import is_gguf
@@ -37,6 +39,7 @@ from gpt2.tokenizer.protocol import TextTokenizer
 from gpt2.weights import load_model, save_pretrained
 
 Batch = list[list[str]]  # for each prompt, its continuations
+Steering = Sequence[Mapping[str, object] | Intervention]  # see gpt2.inference.steering
 
 
 @dataclass
@@ -108,6 +111,7 @@ class LLM:
         params: SamplingParams | None = None,
         *,
         adapter: str | None = None,
+        steering: Steering = (),
         **engine_options: object,
     ) -> Iterator[str]:
         """The continuation of `prompt` (text or token ids) as text pieces, while it is generated (`stream_text`).
@@ -115,9 +119,16 @@ class LLM:
         With a draft model or prompt_lookup, speculative decoding (`speculative_text`: the same text) where
         `speculates(params)` allows it (greedy, no penalties, grammars or beams), as the server's engine decides;
         the rest decode as usual, so a seeded sampled request gives the same text with or without speculation.
-        adapter: the name of a loaded LoRA adapter to decode with (default: the model alone)."""
+        adapter: the name of a loaded LoRA adapter to decode with (default: the model alone).
+        steering: interventions applied while generating (gpt2.inference.steering; on the PyTorch path, without
+        speculation; not together with an adapter)."""
         params = params or SamplingParams()
         model = self.adapters.model_for(self.adapters.resolve(adapter, 1)[0])
+        if steering:
+            _check_steering_alone(adapter)
+            plan = [parse_steering(steering, self.model)]
+            pieces = stream_text(self.model, self.tokenizer, prompt, params, **{**engine_options, **STEERED_ENGINE})
+            return steered_stream(self.model, plan, pieces)
         drafter = self._drafter(params)
         if drafter is not None:
             slide_by = engine_options.get("slide_by")
@@ -141,7 +152,12 @@ class LLM:
 
     @overload
     def generate(
-        self, prompt: str | Sequence[int], params: SamplingParams | None = None, *, adapter: str | None = None
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        adapter: str | None = None,
+        steering: Steering = (),
     ) -> list[str]: ...
     @overload
     def generate(
@@ -150,6 +166,7 @@ class LLM:
         params: SamplingParams | None = None,
         *,
         adapter: str | None | Sequence[str | None] = None,
+        steering: Steering = (),
     ) -> list[list[str]]: ...
 
     def generate(
@@ -158,29 +175,47 @@ class LLM:
         params: SamplingParams | None = None,
         *,
         adapter: str | None | Sequence[str | None] = None,
+        steering: Steering = (),
     ) -> list[str] | Batch:
         """`params.n` continuations of `prompt` (the i-th with seed + i when seeded); for a list of prompts, a
         list of those, in order, decoded together in one batch (`generate_texts`). num_beams > 1: the n best
         beams. adapter: a loaded LoRA adapter's name for every prompt, or one name (or None: the model alone)
         per prompt; prompts with different adapters still decode in one batch (gpt2.inference.lora_batch).
+        steering: interventions applied to every continuation (gpt2.inference.steering), e.g.
+        `[{"hook": "blocks.6.hook_resid_pre", "vector": direction, "scale": 4.0}]`; not together with an adapter.
 
         A text prompt is plain text: a special-token text such as '<|endoftext|>' in it is encoded character by
         character (tiktoken's rule). To put the special token in, pass ids, e.g.
         `llm.generate(llm.tokenizer.encode(text, allowed_special="all"))` (what `gpt2 serve` does with text
         prompts, as vLLM does)."""
         params = params or SamplingParams()
-        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        batch = isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)
+        if steering:
+            _check_steering_alone(adapter)
+            if batch or params.num_beams > 1:
+                prompts = prompt if batch else [prompt]
+                with self._steering(steering) as engine:
+                    texts = generate_texts(self.model, self.tokenizer, prompts, params, **engine)  # type: ignore[arg-type]
+                return texts if batch else texts[0]
+            return ["".join(self.stream(prompt, params.for_sample(i), steering=steering)) for i in range(params.n)]  # type: ignore[arg-type]
+        if batch:
             rows = self.adapters.resolve(adapter, len(prompt))
             if params.num_beams > 1 and len({id(row) for row in rows}) > 1:
                 raise ValueError("beam search decodes one adapter at a time; group the prompts by adapter")
             with self.adapters.routed([row for row in rows for _ in range(params.n)]) as model:
-                return generate_texts(model, self.tokenizer, prompt, params)
+                return generate_texts(model, self.tokenizer, prompt, params)  # type: ignore[arg-type]
         if not (adapter is None or isinstance(adapter, str)):
             raise ValueError("one prompt takes one adapter name (or None), not a list")
         if params.num_beams > 1:
             model = self.adapters.model_for(self.adapters.resolve(adapter, 1)[0])
             return generate_texts(model, self.tokenizer, [prompt], params)[0]  # type: ignore[list-item]
         return ["".join(self.stream(prompt, params.for_sample(i), adapter=adapter)) for i in range(params.n)]  # type: ignore[arg-type]
+
+    @contextlib.contextmanager
+    def _steering(self, steering: Steering) -> Iterator[dict[str, object]]:
+        """Every forward under `steering` while open; yields the decode options steered generation needs."""
+        with steer(self.model, [parse_steering(steering, self.model)]):
+            yield dict(STEERED_ENGINE)
 
     def save(self, directory: str | os.PathLike[str]) -> Path:
         """The model in HF format with its tokenizer beside it: what `LLM.load` and transformers read."""
@@ -221,3 +256,9 @@ def check_compatible(model: GPT, tokenizer: TextTokenizer) -> None:
             f"the tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}; "
             "pass the tokenizer the model was trained with (--tokenizer)"
         )
+
+
+def _check_steering_alone(adapter: object) -> None:
+    """Steering runs the base model's PyTorch forward: an adapter beside it would be dropped silently."""
+    if adapter is not None:
+        raise ValueError("steering and a LoRA adapter cannot be combined yet; pass one of them")

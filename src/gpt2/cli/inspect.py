@@ -1,12 +1,21 @@
-"""`gpt2 inspect attention | logit-lens`: pictures of what a model does with a prompt (gpt2.inspect).
+"""`gpt2 inspect attention | logit-lens | patch | sae`: what a model does with a prompt (gpt2.inspect).
 
     gpt2 inspect attention --model out/run1 --prompt "The cat sat on the mat" --layer 3 --out att.png
     gpt2 inspect attention --model gpt2 --prompt "When Mary and John went to the store" --out att.html
     gpt2 inspect logit-lens --model gpt2 --prompt "The Eiffel Tower is in the city of" --out lens.png
+    gpt2 inspect patch --model gpt2 --clean "When John and Mary went to the shops, John gave the bag to" \
+        --corrupt "When John and Mary went to the shops, Mary gave the bag to" --answer " Mary" --wrong " John" \
+        --out patch.png
+    gpt2 inspect sae --model gpt2 --sae saes/blocks.8.hook_resid_pre --prompt "The cat sat" --out features.html
 
 attention: a heatmap per head (queries down, keys across) with the tokens as labels; every layer and head
 unless --layer / --head pick one. `.png` is a static figure; `.html` one self-contained interactive page (no
 network needed to open it). logit-lens: the top next token at every layer and position, as a `.png` table.
+patch: activation patching (gpt2.inspect.patching): the answer's logit minus the wrong one's in the corrupted
+run with one activation (--site: resid_pre, attn_out or mlp_out at one layer and position, or one head's output
+at every position) taken from the clean run; `.json`, `.png` or `.html`. sae: a sparse autoencoder in SAELens'
+format (a folder, or a Hub folder owner/repo/path) at its hook: the top features per token, the reconstruction
+MSE and the loss with the SAE spliced in; `.json` or `.html`.
 """
 
 from __future__ import annotations
@@ -43,6 +52,24 @@ def register(subparsers: Any) -> None:
     lens.add_argument("--out", required=True, help="FILE.png")
     lens.set_defaults(func=run_logit_lens)
 
+    patch = views.add_parser("patch", help="activation patching: which activations carry a prompt's answer")
+    add_model_arguments(patch)
+    patch.add_argument("--device", default="auto", help="'auto' (cuda when available), 'cpu', 'cuda', ...")
+    patch.add_argument("--clean", required=True, help="the prompt that gives the answer")
+    patch.add_argument("--corrupt", required=True, help="a prompt of the same token count that does not")
+    patch.add_argument("--answer", required=True, help="the clean prompt's next token (one token, e.g. ' Mary')")
+    patch.add_argument("--wrong", required=True, help="the corrupted prompt's next token (one token)")
+    patch.add_argument("--site", default="resid_pre", choices=("resid_pre", "attn_out", "mlp_out", "head"))
+    patch.add_argument("--out", required=True, help="FILE.json, FILE.png or FILE.html")
+    patch.set_defaults(func=run_patch)
+
+    sae = views.add_parser("sae", parents=[common], help="a sparse autoencoder's top features per token")
+    sae.add_argument(
+        "--sae", required=True, help="SAELens folder (cfg.json, sae_weights.safetensors) or owner/repo/path"
+    )
+    sae.add_argument("--out", required=True, help="FILE.json or FILE.html")
+    sae.set_defaults(func=run_sae)
+
 
 def run_attention(args: argparse.Namespace) -> int:
     from gpt2.inspect.pictures import attention_picture
@@ -58,6 +85,27 @@ def run_logit_lens(args: argparse.Namespace) -> int:
 
     llm = _load(args)
     path = logit_lens_picture(llm.model, llm.tokenizer, args.prompt, args.out)
+    print(f"wrote {path}")
+    return 0
+
+
+def run_patch(args: argparse.Namespace) -> int:
+    from gpt2.inspect.pictures import patching_picture
+
+    llm = _load(args)
+    prompts, answers = (args.clean, args.corrupt), (args.answer, args.wrong)
+    path = patching_picture(llm.model, llm.tokenizer, prompts, answers, args.out, site=args.site)
+    print(f"wrote {path}")
+    return 0
+
+
+def run_sae(args: argparse.Namespace) -> int:
+    from gpt2.inspect.pictures import sae_features_file
+    from gpt2.inspect.sae import load_sae
+
+    llm = _load(args)
+    sae = load_sae(args.sae).to(llm.device)
+    path = sae_features_file(llm.model, llm.tokenizer, sae, args.prompt, args.out)
     print(f"wrote {path}")
     return 0
 

@@ -5,10 +5,13 @@
     gpt2 sample --model gpt2 --prompt "The city" --repetition-penalty 1.3 --no-repeat-ngram-size 3
     gpt2 sample --model gpt2 --prompt "The city" --temperature 0 --num-beams 4 -n 2
     gpt2 sample --model gpt2 --adapter poems=out/poems/adapter --prompt "The sea"   # a LoRA adapter (PEFT's format)
+    gpt2 sample --model gpt2 --prompt "I think" --steer steer.json --sae res8=saes/blocks.8.hook_resid_pre
 
 The model is a HF-format directory (what `gpt2 train` writes, or `save_pretrained`) or a Hub name. The
 tokenizer is read from the model directory when it holds one (`gpt2 train` saves it there), else from
-`--tokenizer`.
+`--tokenizer`. --steer FILE.json holds a list of interventions applied while generating, as the server's
+`steering` field (gpt2.inference.steering): {"hook": "blocks.6.hook_resid_pre", "vector": [...], "scale": 4}
+or {"hook": ..., "sae": NAME, "feature": 123, "value": 8} with the SAE given as --sae NAME=DIR.
 """
 
 from __future__ import annotations
@@ -53,6 +56,10 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--no-echo", action="store_true", help="print only the continuation, not the prompt")
     add_threads_argument(parser)
+    parser.add_argument("--steer", metavar="FILE", help="JSON list of steering interventions (see above)")
+    parser.add_argument(
+        "--sae", action="append", default=[], metavar="NAME=DIR", help="an SAE (SAELens folder) --steer may name"
+    )
     parser.set_defaults(func=run)
 
 
@@ -68,16 +75,17 @@ def run(args: argparse.Namespace) -> int:
     if args.adapter is not None:
         adapter = args.adapter[0]
         llm.adapters.add(*args.adapter)
+    steering = read_steering(args.steer, args.sae, llm.device)
     engine = dict(truncate=args.truncate, slide_by=args.slide_by, compile=args.compile)
     if params.num_beams > 1:  # beams are whole sequences: printed once found, best first
-        beams = llm.generate(prompt, params, adapter=adapter)
+        beams = llm.generate(prompt, params, adapter=adapter, steering=steering)
         sys.stdout.write(SAMPLE_SEPARATOR.join(("" if args.no_echo else prompt) + beam for beam in beams) + "\n")
         sys.stdout.flush()
         return 0
     for sample in range(params.n):
         if sample:
             sys.stdout.write(SAMPLE_SEPARATOR)
-        pieces = llm.stream(prompt, params.for_sample(sample), adapter=adapter, **engine)
+        pieces = llm.stream(prompt, params.for_sample(sample), adapter=adapter, steering=steering, **engine)
         first = next(pieces, "")  # a prompt the model refuses (too long, bad ids) fails here, before any echo
         if not args.no_echo:
             sys.stdout.write(prompt)
@@ -98,3 +106,42 @@ def adapter_spec(text: str) -> tuple[str, str]:
     if not name or not directory:
         raise argparse.ArgumentTypeError(f"{text!r} is not NAME=DIR (a name, '=', the adapter's folder)")
     return name, directory
+
+
+def read_steering(path: str | None, saes: list[str], device: Any) -> list[Any]:
+    """The interventions in `path` (a JSON list), SAE names replaced by the SAEs given as NAME=DIR."""
+    import json
+
+    if path is None:
+        if saes:
+            raise ValueError("--sae is only used by --steer; pass --steer FILE.json too")
+        return []
+    try:
+        items = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as err:
+        raise FileNotFoundError(f"cannot read --steer {path!r}: {err.strerror}") from err
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--steer {path!r} is not JSON ({err})") from err
+    if not isinstance(items, list):
+        raise ValueError(f"--steer {path!r} must hold a JSON list of interventions")
+    loaded = load_saes(saes, device)
+    return [
+        {**item, "sae": loaded[item["sae"]]}
+        if isinstance(item, dict) and isinstance(item.get("sae"), str) and item["sae"] in loaded
+        else item
+        for item in items
+    ]
+
+
+def load_saes(entries: list[str], device: Any = None) -> dict[str, Any]:
+    """The SAEs of --sae NAME=DIR options, by name."""
+    from gpt2.inspect.sae import load_sae
+
+    loaded = {}
+    for entry in entries:
+        name, separator, directory = entry.partition("=")
+        if not separator or not name:
+            raise ValueError(f"--sae {entry!r} must be NAME=DIR")
+        sae = load_sae(directory)
+        loaded[name] = sae if device is None else sae.to(device)
+    return loaded

@@ -26,6 +26,7 @@ from gpt2.cli.common import (
     add_threads_argument,
     load_speculative_llm,
 )
+from gpt2.cli.sample import load_saes
 from gpt2.serve.config import ServerConfig
 
 API_KEY_ENV = "GPT2_SERVE_API_KEY"
@@ -65,6 +66,9 @@ def register(subparsers: Any) -> None:
          f"{defaults.max_connections})", {"type": int, "default": defaults.max_connections}),
     ])  # fmt: skip
     add_speculation_arguments(parser)  # used for a request decoding alone (gpt2.serve.engine)
+    parser.add_argument(
+        "--sae", action="append", default=[], metavar="NAME=DIR", help="an SAE requests' steering may name"
+    )
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     parser.set_defaults(func=run)
 
@@ -103,5 +107,6 @@ def run(args: argparse.Namespace) -> int:
         from gpt2.serve.server import serve
     except ModuleNotFoundError as err:
         raise ValueError(f"gpt2 serve needs the package {err.name!r}: pip install 'gpt2-faithful[serve]'") from err
-    serve(partial(load_speculative_llm, args), config, log_level=args.log_level)
+    saes = load_saes(args.sae)
+    serve(partial(load_speculative_llm, args), config, log_level=args.log_level, saes=saes)
     return 0

@@ -5,7 +5,7 @@ This module runs its own forward that calls the model's submodules in the model'
 `drop`; in each block `ln_1`, `attn.c_attn`, the attention written out as in the model's explicit reference
 path, `attn.c_proj`, `attn.resid_dropout`, `ln_2`, `mlp.c_fc`, the tanh GELU, `mlp.c_proj`, `mlp.dropout`; then
 `ln_f` and `lm_head` -- so it computes the model's function on any checkpoint (tests pin its logits, patterns
-and residuals to the model's and to transformers'), and works on the inference layouts of gpt2.inference too,
+and residuals to the model's and to transformers'), and works on the inference layouts of gpt2.cpu too,
 since it only calls the modules it finds.
 
 Activation names are TransformerLens' (HookedTransformer on GPT-2), so recipes written for it read the same:
@@ -176,18 +176,27 @@ def _instrumented_forward(
     check_token_ids(model, idx)
     transformer = model.transformer
     B, T = idx.shape
-    nh = model.config.n_head
     C = model.config.n_embd
-    hs = C // nh
-    dropout_p = model.config.dropout if model.training else 0.0
-
     positions = torch.arange(T, device=idx.device)  # (T,)
     embed = visit("hook_embed", transformer.wte(idx))  # (B, T, C)
     pos_embed = visit("hook_pos_embed", transformer.wpe(positions).expand(B, T, C))  # (B, T, C), a view
     x = transformer.drop(embed + pos_embed)
-    causal = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()  # (T, T) True = may attend
+    return model.lm_head(forward_from(model, x, 0, visit))  # (B, T, V)
 
-    for i, block in enumerate(blocks(model)):
+
+def forward_from(
+    model: GPT, resid_pre: torch.Tensor, layer: int, visit: Callable[[str, torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
+    """The rest of the instrumented forward from the residual stream entering block `layer`, resid_pre
+    (B, T, C): blocks `layer`.. with their named activations through `visit`, then `ln_final` -> (B, T, C),
+    what lm_head reads. Patching resumes here so the blocks before the patched one are not run again."""
+    B, T, C = resid_pre.shape
+    nh = model.config.n_head
+    hs = C // nh
+    dropout_p = model.config.dropout if model.training else 0.0
+    causal = torch.ones(T, T, dtype=torch.bool, device=resid_pre.device).tril()  # (T, T) True = may attend
+    x = resid_pre
+    for i, block in enumerate(blocks(model)[layer:], start=layer):
         prefix = f"blocks.{i}."
         x = visit(prefix + "hook_resid_pre", x)
 
@@ -216,8 +225,7 @@ def _instrumented_forward(
         mlp_out = visit(prefix + "hook_mlp_out", mlp.dropout(mlp.c_proj(post)))
         x = visit(prefix + "hook_resid_post", x + mlp_out)
 
-    final = visit("ln_final.hook_normalized", transformer.ln_f(x))
-    return model.lm_head(final)  # (B, T, V)
+    return visit("ln_final.hook_normalized", model.transformer.ln_f(x))  # (B, T, C)
 
 
 def blocks(model: GPT) -> list[Block]:

@@ -8,6 +8,7 @@ for the picture and is left in the mode it came in.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -17,12 +18,19 @@ import torch
 from gpt2.inspect.attention_html import save_attention_html
 from gpt2.inspect.hooks import run_with_cache
 from gpt2.inspect.lens import logit_lens
-from gpt2.inspect.plots import save_attention_png, save_logit_lens_png
+from gpt2.inspect.patching import activation_patching, logit_diff
+from gpt2.inspect.plots import save_attention_png, save_logit_lens_png, save_patching_png
+from gpt2.inspect.sae import SparseAutoencoder, sae_losses, top_features
+from gpt2.inspect.table_html import save_table_html
 from gpt2.model import GPT
+from gpt2.runtime.files import atomic_write_text
 from gpt2.tokenizer.protocol import TextTokenizer
 
 ATTENTION_FORMATS = (".png", ".html", ".htm")
 LENS_FORMATS = (".png",)
+PATCHING_FORMATS = (".json", ".png", ".html", ".htm")
+SAE_FORMATS = (".json", ".html", ".htm")
+TOP_FEATURES = 5  # features listed per token
 MAX_LENS_POSITIONS = 48  # a longer prompt's logit lens shows its last this many positions (a readable width)
 
 
@@ -77,6 +85,85 @@ def logit_lens_picture(model: GPT, tokenizer: TextTokenizer, prompt: str, out: s
         next_labels=next_labels,
         title=f"logit lens: {_short(prompt)}",
     )
+
+
+def patching_picture(
+    model: GPT,
+    tokenizer: TextTokenizer,
+    prompts: tuple[str, str],
+    answers: tuple[str, str],
+    out: str | os.PathLike[str],
+    *,
+    site: str = "resid_pre",
+) -> Path:
+    """Activation patching of prompts = (clean, corrupted) with the metric logit(answer) - logit(wrong) for
+    answers = (answer, wrong), each one token, written to `out`: `.json` (site, tokens, `logit_diff`
+    [layer][position or head], the clean and corrupted runs' values), `.png` (a heatmap) or `.html` (a table)."""
+    path = _output(out, PATCHING_FORMATS)
+    clean, corrupted = (_encode(model, tokenizer, prompt) for prompt in prompts)
+    if clean.shape != corrupted.shape:
+        raise ValueError(
+            f"the clean prompt is {clean.shape[1]} tokens and the corrupted one {corrupted.shape[1]}; "
+            "patching needs prompts of the same number of tokens"
+        )
+    answer, wrong = _one_token(tokenizer, answers[0], "--answer"), _one_token(tokenizer, answers[1], "--wrong")
+    with _eval_mode(model):
+        result = activation_patching(model, clean, corrupted, logit_diff(answer, wrong), site)
+    labels = token_labels(tokenizer, corrupted[0].tolist())
+    columns = [f"head {h}" for h in range(model.config.n_head)] if site == "head" else labels
+    title = f"patching {site}: {_short(prompts[1])} <- {_short(prompts[0])}"
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        atomic_write_text(path, json.dumps(result.to_dict(labels), indent=1) + "\n")
+        return path
+    if suffix == ".png":
+        return save_patching_png(
+            result.values, columns, path, column_name="head" if site == "head" else "position", title=title
+        )
+    scale = max(float(result.values.abs().max()), 1e-6)
+    rows = [
+        (f"layer {layer}", [(f"{v:.3f}", v / scale) for v in row.tolist()]) for layer, row in enumerate(result.values)
+    ]
+    note = f"logit difference: clean run {result.clean:.3f}, corrupted run {result.corrupted:.3f}"
+    return save_table_html(path, title, ["", *columns], rows, note)
+
+
+def sae_features_file(
+    model: GPT, tokenizer: TextTokenizer, sae: SparseAutoencoder, prompt: str, out: str | os.PathLike[str]
+) -> Path:
+    """The SAE's most active features at every token of `prompt`, with its reconstruction MSE and the model's
+    loss on the prompt without and with the SAE spliced in, written to `out`: `.json` (hook, tokens, per token
+    a list of {"feature", "activation"}, mse, loss, spliced_loss) or `.html` (a table, a row per token)."""
+    path = _output(out, SAE_FORMATS)
+    ids = _encode(model, tokenizer, prompt)
+    with _eval_mode(model):
+        values, features = top_features(model, ids, sae, TOP_FEATURES)
+        losses = sae_losses(model, ids, sae) if ids.shape[1] > 1 else None
+    labels = token_labels(tokenizer, ids[0].tolist())
+    per_token = [
+        [{"feature": int(f), "activation": float(v)} for f, v in zip(row_ids, row_values, strict=True)]
+        for row_ids, row_values in zip(features.tolist(), values.tolist(), strict=True)
+    ]
+    summary = {"mse": losses.mse, "loss": losses.loss, "spliced_loss": losses.spliced_loss} if losses else {}
+    if path.suffix.lower() == ".json":
+        data = {"hook": sae.hook_name, "tokens": labels, "features": per_token, **summary}
+        atomic_write_text(path, json.dumps(data, indent=1) + "\n")
+        return path
+    scale = max(float(values.max()), 1e-6) if values.numel() else 1.0
+    rows = [
+        (label, [(f"#{f['feature']} {f['activation']:.2f}", f["activation"] / scale) for f in row])
+        for label, row in zip(labels, per_token, strict=True)
+    ]
+    note = ", ".join(f"{key} {value:.4f}" for key, value in summary.items())
+    columns = ["token", *(f"top {i + 1}" for i in range(values.shape[1]))]
+    return save_table_html(path, f"SAE features at {sae.hook_name}: {_short(prompt)}", columns, rows, note)
+
+
+def _one_token(tokenizer: TextTokenizer, text: str, option: str) -> int:
+    ids = tokenizer.encode(text)
+    if len(ids) != 1:
+        raise ValueError(f"{option} {text!r} is {len(ids)} tokens; pass text that is exactly one token (e.g. ' Paris')")
+    return ids[0]
 
 
 def token_labels(tokenizer: TextTokenizer, ids: Sequence[int]) -> list[str]:

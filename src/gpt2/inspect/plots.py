@@ -142,3 +142,34 @@ def _save(figure: Figure, path: str | os.PathLike[str]) -> Path:
     figure.savefig(buffer, format="png")
     atomic_write_bytes(path, buffer.getvalue())
     return path
+
+
+def save_patching_png(
+    values: torch.Tensor,
+    column_labels: Sequence[str],
+    path: str | os.PathLike[str],
+    *,
+    column_name: str,
+    title: str = "",
+    colorbar_label: str = "logit difference",
+) -> Path:
+    """A patching table (n_layer, columns) as a heatmap, layer 0 at the top, on a colour scale centred on 0
+    (blue: the patch moved the metric up, red: down)."""
+    from matplotlib.figure import Figure
+
+    n_layer, columns = values.shape
+    if len(column_labels) != columns:
+        raise ValueError(f"values {tuple(values.shape)} do not match {len(column_labels)} column labels")
+    figure = Figure(figsize=(0.42 * columns + 2.6, 0.32 * n_layer + 1.9), dpi=DPI, layout="constrained")
+    if title:
+        figure.suptitle(title)
+    ax = figure.subplots()
+    limit = max(float(values.abs().max()), 1e-6)
+    image = ax.imshow(values.float().cpu().numpy(), cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto")
+    ax.set_yticks(range(n_layer), [str(layer) for layer in range(n_layer)], fontsize=8)
+    ax.set_ylabel("layer")
+    ticks, tick_labels = _ticks([_plain(label) for label in column_labels])
+    ax.set_xticks(ticks, tick_labels, fontsize=8, rotation=90)
+    ax.set_xlabel(column_name)
+    figure.colorbar(image, ax=ax, shrink=0.8, label=colorbar_label)
+    return _save(figure, path)

@@ -23,7 +23,7 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -36,6 +36,7 @@ from starlette.requests import ClientDisconnect
 
 from gpt2.api import LLM
 from gpt2.inference.embedding import embed
+from gpt2.inference.steering import FeatureDictionary, parse_steering
 from gpt2.serve import Engine, EngineError, EngineFailed, EngineStopped, QueueFull, SequenceOutput, SequenceRequest
 from gpt2.serve.chat import ChatMessage
 from gpt2.serve.config import MEGABYTE, ServerConfig
@@ -67,10 +68,10 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 DONE = "data: [DONE]\n\n"
 
 
-def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
-    """The server for `llm` with `config`'s limits. The engine thread starts with the app (or at the first
-    request) and stops when the app shuts down: in-flight work is cancelled then (the HTTP server drains
-    first, see gpt2.serve.server)."""
+def create_app(llm: LLM, config: ServerConfig, *, saes: Mapping[str, FeatureDictionary] | None = None) -> FastAPI:
+    """The server for `llm` with `config`'s limits; `saes` by name, for requests' steering to clamp features of. The
+    engine thread starts with the app (or at the first request) and stops when the app shuts down: in-flight
+    work is cancelled then (the HTTP server drains first, see gpt2.serve.server)."""
     prefix_cache = PrefixCache(config.prefix_cache_mb * MEGABYTE) if config.prefix_cache else None
     engine = Engine(
         llm.model,
@@ -92,7 +93,7 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
     app.state.engine = engine
     app.state.config = config
     _add_error_handlers(app)
-    service = _Service(llm, engine, config)
+    service = _Service(llm, engine, config, saes or {})
     _add_service_routes(app, service)
     _add_api_routes(app, service)
     return app
@@ -270,8 +271,9 @@ class _Submission:
 class _Service:
     """What the routes do; one per app."""
 
-    def __init__(self, llm: LLM, engine: Engine, config: ServerConfig) -> None:
+    def __init__(self, llm: LLM, engine: Engine, config: ServerConfig, saes: Mapping[str, FeatureDictionary]) -> None:
         self.llm = llm
+        self.saes = saes
         self.tokenizer = llm.tokenizer
         self.engine = engine
         self.config = config
@@ -400,12 +402,17 @@ class _Service:
     ) -> list[SequenceRequest]:
         """One sequence per prompt and choice: choice index = prompt index * n + i, the i-th with seed + i."""
         params = parsed.params
+        try:
+            steering = tuple(parse_steering(parsed.steering, self.llm.model, self.saes))
+        except ValueError as err:
+            raise bad_request(str(err), "steering") from err
         return [
             SequenceRequest(
                 prompt,
                 params.for_sample(i).replace(n=1),
                 parsed.logprobs,
                 prompt_logprobs,
+                steering,
             )
             for prompt in prompts
             for i in range(params.n)

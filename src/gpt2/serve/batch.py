@@ -88,14 +88,15 @@ class DecodeBatch:
         return self._lengths[: self.size]
 
     @torch.no_grad()
-    def join(self, prompt: Sequence[int], *, all_logits: bool = False) -> torch.Tensor:
+    def join(self, prompt: Sequence[int], *, all_logits: bool = False, cached: bool = True) -> torch.Tensor:
         """Add a sequence as row B (returned by `size - 1` afterwards); its prompt goes into the cache.
 
         Returns the logits of the token after the prompt (V,), or with all_logits every prompt position's
         logits (P, V) (row t predicts token t + 1). The prompt must be ids of the model's vocabulary and leave
-        room for a token: 1 <= P < block_size.
+        room for a token: 1 <= P < block_size. cached=False: the prefix cache is neither read nor written (a
+        steered prompt's keys and values are not an unsteered one's, nor the reverse).
         """
-        return self._prefill([prompt], all_logits=all_logits)[0]
+        return self._prefill([prompt], all_logits=all_logits, cached=cached)[0]
 
     @torch.no_grad()
     def join_many(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -106,17 +107,20 @@ class DecodeBatch:
         small ones (far faster where matmuls over many rows have fast kernels: bf16, int8 prefills)."""
         return self._prefill(prompts)
 
-    def _prefill(self, prompts: Sequence[Sequence[int]], *, all_logits: bool = False) -> torch.Tensor:
+    def _prefill(
+        self, prompts: Sequence[Sequence[int]], *, all_logits: bool = False, cached: bool = True
+    ) -> torch.Tensor:
         """join / join_many: seat the prompts, copy their cached prefixes, prefill the rest (module docstring).
         Returns (n, V), or with all_logits (one prompt only) (1, P, V)."""
         assert not all_logits or len(prompts) == 1, "all_logits is for a lone join"
         n, lengths = len(prompts), [len(prompt) for prompt in prompts]
         first = self.size
         L, longest = self._seat(lengths), max(lengths)
-        cached = [reusable_prefix(self.prefix_cache, prompt, all_logits=all_logits) for prompt in prompts]
-        r = max(P - prefix.length for P, prefix in zip(lengths, cached, strict=True))  # tokens each row feeds
+        prefix_cache = self.prefix_cache if cached else None
+        prefixes = [reusable_prefix(prefix_cache, prompt, all_logits=all_logits) for prompt in prompts]
+        r = max(P - prefix.length for P, prefix in zip(lengths, prefixes, strict=True))  # tokens each row feeds
         reused = [max(P - r, 0) for P in lengths]  # <= each prefix's length, as P - r <= P - (P - length)
-        for row, (P, prefix, count) in enumerate(zip(lengths, cached, reused, strict=True), start=first):
+        for row, (P, prefix, count) in enumerate(zip(lengths, prefixes, reused, strict=True), start=first):
             if count > 0:  # into the row's columns, (n_layer, nh, count, hs)
                 prefix.copy_into(self._k[:, row, :, L - P : L - P + count], self._v[:, row, :, L - P : L - P + count])
         ids = torch.zeros(n, r, dtype=torch.long, device=self._k.device)  # (n, r), left-padded
@@ -134,18 +138,19 @@ class DecodeBatch:
         hidden = self.model.hidden_states(
             ids, attention_mask=mask, position_ids=positions, kv_cache=view, validate=False
         )  # (n, r, C)
-        if self.prefix_cache is not None:
+        if prefix_cache is not None:
             for row, (prompt, P, count) in enumerate(zip(prompts, lengths, reused, strict=True), start=first):
-                self.prefix_cache.insert(prompt, self._k[:, row, :, L - P : L], self._v[:, row, :, L - P : L])
+                prefix_cache.insert(prompt, self._k[:, row, :, L - P : L], self._v[:, row, :, L - P : L])
                 if not all_logits:  # a scored prompt was not looked up
-                    self.prefix_cache.record(queried=P, reused=count)
+                    prefix_cache.record(queried=P, reused=count)
         self.size += n
         return self.model.lm_head(hidden if all_logits else hidden[:, -1])
 
-    def start_prefill(self, prompt: Sequence[int], *, all_logits: bool = False) -> ChunkedPrefill:
+    def start_prefill(self, prompt: Sequence[int], *, all_logits: bool = False, cached: bool = True) -> ChunkedPrefill:
         """A prompt to prefill a chunk at a time outside the batch (ChunkedPrefill), with this batch's model and
-        prefix cache; `join_prefilled` seats it once every token is in."""
-        return ChunkedPrefill(self.model, prompt, prefix_cache=self.prefix_cache, all_logits=all_logits)
+        prefix cache (cached=False: without it); `join_prefilled` seats it once every token is in."""
+        prefix_cache = self.prefix_cache if cached else None
+        return ChunkedPrefill(self.model, prompt, prefix_cache=prefix_cache, all_logits=all_logits)
 
     @torch.no_grad()
     def join_prefilled(self, prefill: ChunkedPrefill) -> None:
@@ -160,8 +165,9 @@ class DecodeBatch:
         self.size += 1
 
     @torch.no_grad()
-    def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Feed each active row its next token, tokens (B,) -> next-token logits (B, V)."""
+    def step(self, tokens: torch.Tensor, *, native: bool = True) -> torch.Tensor:
+        """Feed each active row its next token, tokens (B,) -> next-token logits (B, V). native=False runs the
+        model's own forward even where the native decoder could (steering's hooks are the model's)."""
         B = self.size
         assert tokens.shape == (B,) and B > 0, f"step wants one token per active row ({B}), got {tuple(tokens.shape)}"
         self._make_room()
@@ -172,7 +178,7 @@ class DecodeBatch:
         positions = torch.tensor(lengths, device=self._k.device)  # (B,): each row's next position
         # no padding at all (every row fills every column): the plain causal path, as a lone sequence
         key_mask = None if min(lengths) == L else self._mask[:B, : L + 1]  # (B, L + 1)
-        if self.decoder is not None and self.decoder.takes(B):
+        if native and self.decoder is not None and self.decoder.takes(B):
             logits = self.decoder.step(tokens, cache, positions=positions, key_mask=key_mask)  # (B, V)
         else:
             logits = self.model(

@@ -14,7 +14,8 @@ temperature, top_p, top_k (an extension, as in vLLM), n, stop, seed, presence_pe
 logit_bias, stream, stream_options.include_usage; and, as extra body fields with transformers' names (as vLLM
 accepts them): repetition_penalty, no_repeat_ngram_size, min_tokens, bad_words (texts or lists of token ids);
 min_p as vLLM and llama-server take it.
-All of them are SamplingParams fields, applied by the same logits processors as `LLM.generate`.
+All of them are SamplingParams fields, applied by the same logits processors as `LLM.generate`. `steering` (a
+list of interventions, gpt2.inference.steering) is read here as a list and checked against the model by the app.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ GENERATION_FIELDS = frozenset({
     "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "best_of", "stop", "stop_token_ids",
     "seed", "presence_penalty", "frequency_penalty", "logit_bias", "stream", "stream_options", "user",
     "repetition_penalty", "no_repeat_ngram_size", "min_tokens", "bad_words", "num_beams", "response_format",
-    "regex", "guided_regex", "guided_json", "guided_choice", "structured_outputs",
+    "regex", "guided_regex", "guided_json", "guided_choice", "structured_outputs", "steering",
 })  # fmt: skip
 COMPLETION_FIELDS = GENERATION_FIELDS | {"prompt", "echo", "logprobs", "suffix"}
 CHAT_FIELDS = GENERATION_FIELDS | {
@@ -179,6 +180,8 @@ class GenerationRequest:
     """Alternatives per generated token (0: only the token's own log-probability); None: no logprobs."""
     stream: bool = False
     include_usage: bool = False
+    steering: tuple[Any, ...] = ()
+    """The `steering` field's interventions as sent (plain data); the app checks them against the model."""
 
 
 @dataclass(frozen=True)
@@ -296,7 +299,10 @@ def _generation_fields(body: dict[str, Any], *, default_max_tokens: int | None) 
             params = params.replace(**structured)
         except ValueError as err:  # an invalid schema or regex: the grammar library's reason
             raise bad_request(str(err), next(n for n in STRUCTURED_FIELDS if _get(body, n) is not None)) from err
-    return dict(model=model, params=params, stream=stream, include_usage=include_usage)
+    steering = _get(body, "steering", ())
+    if not isinstance(steering, list | tuple):
+        raise bad_request(f"steering must be a list of interventions, got {_describe(steering)}", "steering")
+    return dict(model=model, params=params, stream=stream, include_usage=include_usage, steering=tuple(steering))
 
 
 def _response_schema(body: dict[str, Any]) -> dict[str, Any] | None:

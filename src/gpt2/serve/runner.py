@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from gpt2.inference.processors import apply_processors
 from gpt2.inference.sampling import sample_next_token
 from gpt2.inference.speculative import Drafter, Sampler, SpeculationStats, Speculator, draft_length
+from gpt2.inference.steering import steer
 from gpt2.model import GPT
 from gpt2.serve.batch import DecodeBatch, reusable_prefix
 from gpt2.serve.output import commit, finish, token_logprob
@@ -59,6 +60,7 @@ class Runner:
         prefix_cache: PrefixCache | None = None,
         drafter: Drafter | None = None,
     ) -> None:
+        self.model = model
         self.batch = DecodeBatch(model, max_rows, prefix_cache=prefix_cache)
         self.block_size = model.config.block_size
         self.vocab_size = model.config.vocab_size
@@ -89,32 +91,45 @@ class Runner:
         if not sequence.prefills:
             return 0
         prompt = sequence.request.prompt
+        if sequence.request.steering:  # a steered prompt reuses no cached prefix
+            return len(prompt)
         prefix = reusable_prefix(self.batch.prefix_cache, prompt, all_logits=bool(sequence.request.prompt_logprobs))
         return len(prompt) - prefix.length
 
     # ------------------------------------------------------------------------------------ prefill
     @torch.no_grad()
     def admit(self, sequences: Sequence[SequenceState]) -> None:
-        """Prefill plain prompts into their rows (several in one batched prefill), then draw their first tokens."""
-        if len(sequences) == 1:
-            logits = self.batch.join(sequences[0].request.prompt).unsqueeze(0)  # (1, V)
-        else:
-            logits = self.batch.join_many([sequence.request.prompt for sequence in sequences])  # (n, V)
-        for sequence in sequences:
+        """Prefill plain prompts into their rows (several in one batched prefill; a steered one alone, under its
+        interventions and past the prefix cache), then draw their first tokens."""
+        plain = [sequence for sequence in sequences if not sequence.request.steering]
+        steered = [sequence for sequence in sequences if sequence.request.steering]
+        parts = []
+        if len(plain) == 1:
+            parts.append(self.batch.join(plain[0].request.prompt).unsqueeze(0))  # (1, V)
+        elif plain:
+            parts.append(self.batch.join_many([sequence.request.prompt for sequence in plain]))  # (n, V)
+        for sequence in plain:
             self._seat(sequence)
-        self.sample(list(sequences), logits)
+        for sequence in steered:
+            with steer(self.model, [sequence.request.steering]):
+                parts.append(self.batch.join(sequence.request.prompt, cached=False).unsqueeze(0))
+            self._seat(sequence)
+        self.sample([*plain, *steered], torch.cat(parts))
 
     def start_chunked(self, sequence: SequenceState, first_chunk: int) -> int:
         """Begin prefilling a prompt in chunks (its cached prefix, if any, is copied in first); returns the tokens
         fed this turn."""
         request = sequence.request
-        sequence.prefill = self.batch.start_prefill(request.prompt, all_logits=request.prompt_logprobs)
+        sequence.prefill = self.batch.start_prefill(
+            request.prompt, all_logits=request.prompt_logprobs, cached=not request.steering
+        )
         self.prefilling = sequence
         return self.feed(sequence, min(first_chunk, sequence.prefill.remaining))
 
     def score_whole(self, sequence: SequenceState) -> int:
         """Prefill a scored prompt in one chunk (outside the batch); returns the tokens fed."""
-        sequence.prefill = self.batch.start_prefill(sequence.request.prompt, all_logits=True)
+        request = sequence.request
+        sequence.prefill = self.batch.start_prefill(request.prompt, all_logits=True, cached=not request.steering)
         return self.feed(sequence, sequence.prefill.remaining)
 
     @torch.no_grad()
@@ -125,7 +140,8 @@ class Runner:
         prefill, request = sequence.prefill, sequence.request
         assert prefill is not None
         start = prefill.done
-        logits = prefill.advance(tokens)  # (tokens, V) when scoring, else (1, V): the last position's
+        with steer(self.model, [request.steering]):  # no hooks when it has none
+            logits = prefill.advance(tokens)  # (tokens, V) when scoring, else (1, V): the last position's
         if request.prompt_logprobs:
             sequence.prompt_logprobs += self._score(request.prompt, logits, start, request.logprobs or 0)
         if prefill.remaining > 0:
@@ -156,7 +172,12 @@ class Runner:
             self._speculate(self.rows[0], self._speculator)
             return
         tokens = torch.tensor([sequence.pending for sequence in self.rows], dtype=torch.long)
-        self.sample(list(self.rows), self.batch.step(tokens))
+        if not any(sequence.request.steering for sequence in self.rows):
+            self.sample(list(self.rows), self.batch.step(tokens))
+            return
+        # steered rows: the model's forward with each row's interventions (a row without any is left as it is)
+        with steer(self.model, [sequence.request.steering for sequence in self.rows]):
+            self.sample(list(self.rows), self.batch.step(tokens, native=False))
 
     def _speculate(self, sequence: SequenceState, speculator: Speculator) -> None:
         """One speculative step of the lone row (`Speculator.step`, the offline stream's step): drafts, one

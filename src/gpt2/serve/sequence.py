@@ -20,6 +20,7 @@ from gpt2.config import is_integer
 from gpt2.inference.processors import LogitsProcessor, build_processors, with_end_of_text
 from gpt2.inference.sampling import SamplingParams
 from gpt2.inference.speculative import speculates
+from gpt2.inference.steering import Intervention
 from gpt2.inference.text import TextAssembler
 from gpt2.serve.batch import ChunkedPrefill
 from gpt2.tokenizer.protocol import TextTokenizer
@@ -70,6 +71,9 @@ class SequenceRequest:
     grammar: Any = None
     """params' regex / json_schema compiled (`GrammarCompiler.compile`) by a caller that compiles off the engine's
     path (the server, within its time limit: gpt2.serve.grammar); None: `Engine.submit` compiles it."""
+    steering: tuple[Intervention, ...] = ()
+    """Interventions applied to this row's forwards (gpt2.inference.steering); its prompt bypasses the prefix
+    cache and it never speculates."""
 
     def __post_init__(self) -> None:
         if self.logprobs is not None and (not is_integer(self.logprobs) or not 0 <= self.logprobs):
@@ -175,7 +179,7 @@ class SequenceState:
         if self.processors:
             self.token_ids = torch.tensor([self.tokens + [0] * max_new], dtype=torch.long, device=device)
         # speculative steps may serve it (the one rule of gpt2.inference.speculative.speculates)
-        self.speculative = speculates(
+        self.speculative = not request.steering and speculates(
             request.params, rules=bool(self.processors), logprobs=request.logprobs is not None
         )
         self.generator = torch.Generator(device=device)

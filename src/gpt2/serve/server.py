@@ -26,23 +26,27 @@ from __future__ import annotations
 import gc
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import TypeVar
 
 import uvicorn
 
 from gpt2.api import LLM
+from gpt2.inference.steering import FeatureDictionary
 from gpt2.serve.app import create_app
 from gpt2.serve.config import ServerConfig
 
 T = TypeVar("T")
 
 
-def uvicorn_server(llm: LLM, config: ServerConfig, *, log_level: str = "info") -> uvicorn.Server:
+def uvicorn_server(
+    llm: LLM, config: ServerConfig, *, log_level: str = "info", saes: Mapping[str, FeatureDictionary] | None = None
+) -> uvicorn.Server:
     """The uvicorn server for `llm` with `config` (not started: call `.run()`, or `.run(sockets=[...])` with a
-    bound socket made with proto=IPPROTO_TCP, without which asyncio leaves Nagle's algorithm on)."""
-    app = create_app(llm, config)
+    bound socket made with proto=IPPROTO_TCP, without which asyncio leaves Nagle's algorithm on); `saes` by name
+    for requests' steering."""
+    app = create_app(llm, config, saes=saes)
     settings = uvicorn.Config(
         app,
         host=config.host,
@@ -56,11 +60,18 @@ def uvicorn_server(llm: LLM, config: ServerConfig, *, log_level: str = "info") -
     return uvicorn.Server(settings)
 
 
-def serve(llm: LLM | Callable[[], LLM], config: ServerConfig, *, log_level: str = "info") -> None:
+def serve(
+    llm: LLM | Callable[[], LLM],
+    config: ServerConfig,
+    *,
+    log_level: str = "info",
+    saes: Mapping[str, FeatureDictionary] | None = None,
+) -> None:
     """Serve `llm` until SIGTERM or Ctrl-C. `llm` may be a function that loads it (what `gpt2 serve` passes):
-    it is then called on a thread that ends, like the building of the app (module docstring)."""
+    it is then called on a thread that ends, like the building of the app (module docstring). `saes`: by name,
+    for requests' steering to clamp features of."""
     load = (lambda: llm) if isinstance(llm, LLM) else llm
-    server = on_passing_thread(lambda: uvicorn_server(load(), config, log_level=log_level))
+    server = on_passing_thread(lambda: uvicorn_server(load(), config, log_level=log_level, saes=saes))
     gc.collect()
     gc.freeze()  # the loaded process out of every later collection (module docstring)
     try:

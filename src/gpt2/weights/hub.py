@@ -48,6 +48,16 @@ def resolve_pretrained(name_or_path: str | os.PathLike[str], allow_patterns: Seq
         ) from err
 
 
+def resolve_subfolder(name: str, files: Sequence[str]) -> Path:
+    """The local copy of a folder inside a Hub repository, "owner/repo/path/in/repo" (SAELens' SAE releases keep
+    one SAE per folder), downloading just `files` of it. FileNotFoundError as `resolve_pretrained`."""
+    parts = name.strip("/").split("/")
+    if len(parts) < 3 or name.startswith((".", "/", "~")):
+        raise FileNotFoundError(f"{name!r} is not a local directory, nor a Hub folder named as owner/repo/folder")
+    repo, folder = "/".join(parts[:2]), "/".join(parts[2:])
+    return resolve_pretrained(repo, [f"{folder}/{file}" for file in files]) / folder
+
+
 DOWNLOAD_TIMEOUT_S = 60  # per blocking network operation, not for the whole file
 
 
