@@ -282,7 +282,7 @@ class _Service:
         self.metrics = ServerMetrics(engine)
         self.grammars = GrammarCompilations(engine.grammar_compiler, config.grammar_timeout)
 
-    async def submit(self, requests: Sequence[SequenceRequest]) -> _Submission:
+    async def submit(self, requests: Sequence[SequenceRequest], grammar_field: str | None = None) -> _Submission:
         """Hand sequences to the engine (an APIError when it refuses them), counted in the metrics. Their grammar,
         if any (every sequence of a request has the same), is compiled first on a worker thread, within the
         server's limit (gpt2.serve.grammar): the engine and the other requests go on meanwhile."""
@@ -290,7 +290,7 @@ class _Service:
         try:
             grammar = await self.grammars.compile(params)
         except ValueError as err:  # invalid, or past the limit
-            raise bad_request(str(err), "response_format") from err
+            raise bad_request(str(err), grammar_field or "response_format") from err
         if grammar is not None:
             requests = [dataclasses.replace(request, grammar=grammar) for request in requests]
         return _Submission(self.engine, requests, self.config.retry_after_seconds, self.metrics)
@@ -426,7 +426,9 @@ class _Service:
         prompts = await run_in_threadpool(lambda: [self.encode(prompt, "prompt") for prompt in parsed.prompts])
         n = parsed.params.n
         scoring = parsed.echo and parsed.logprobs is not None
-        submission = await self.submit(self.sequences(parsed, prompts, prompt_logprobs=scoring))
+        submission = await self.submit(
+            self.sequences(parsed, prompts, prompt_logprobs=scoring), parsed.structured_field
+        )
         choices = [SequenceOutput(index) for index in range(len(prompts) * n)]
         prompt_of = [prompts[index // n] for index in range(len(choices))]
         prompt_tokens = sum(len(prompt) for prompt in prompts)
@@ -512,7 +514,7 @@ class _Service:
         self.check_model(parsed.model)
         self.check_choices(parsed.params.n)
         prompt = await run_in_threadpool(self.encode_chat, parsed.messages)
-        submission = await self.submit(self.sequences(parsed, [prompt]))
+        submission = await self.submit(self.sequences(parsed, [prompt]), parsed.structured_field)
         choices = [SequenceOutput(index) for index in range(parsed.params.n)]
         response_id, created = new_id("chatcmpl"), now()
         if parsed.stream:

@@ -182,6 +182,9 @@ class GenerationRequest:
     include_usage: bool = False
     steering: tuple[Any, ...] = ()
     """The `steering` field's interventions as sent (plain data); the app checks them against the model."""
+    structured_field: str | None = None
+    """The body field that asked for structured output (response_format, guided_regex, ...): what a grammar that
+    fails to compile is reported against."""
 
 
 @dataclass(frozen=True)
@@ -294,15 +297,23 @@ def _generation_fields(body: dict[str, Any], *, default_max_tokens: int | None) 
     except ValueError as err:
         raise bad_request(str(err), field_named(str(err))) from err
     structured = structured_fields(body)
+    structured_field = next((name for name in STRUCTURED_FIELDS if _get(body, name) is not None), None)
     if structured:
         try:
             params = params.replace(**structured)
-        except ValueError as err:  # an invalid schema or regex: the grammar library's reason
-            raise bad_request(str(err), next(n for n in STRUCTURED_FIELDS if _get(body, n) is not None)) from err
+        except ValueError as err:  # a malformed schema or regex
+            raise bad_request(str(err), structured_field) from err
     steering = _get(body, "steering", ())
     if not isinstance(steering, list | tuple):
         raise bad_request(f"steering must be a list of interventions, got {_describe(steering)}", "steering")
-    return dict(model=model, params=params, stream=stream, include_usage=include_usage, steering=tuple(steering))
+    return dict(
+        model=model,
+        params=params,
+        stream=stream,
+        include_usage=include_usage,
+        steering=tuple(steering),
+        structured_field=structured_field,
+    )
 
 
 def _response_schema(body: dict[str, Any]) -> dict[str, Any] | None:
