@@ -181,14 +181,14 @@ def test_the_connection_cap_and_keep_alive_reach_uvicorn(model_dir):
 
 
 @contextmanager
-def running(model_dir: Path) -> Iterator[int]:
-    """A real uvicorn server for the tiny model on a free loopback port; yields the port."""
+def running(model_dir: Path, **settings: Any) -> Iterator[int]:
+    """A real uvicorn server for the tiny model on a free loopback port (ServerConfig `settings`); yields the port."""
     from gpt2.serve import uvicorn_server
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn_server(LLM.load(model_dir, device="cpu"), ServerConfig(model_name=MODEL, port=port),
+    server = uvicorn_server(LLM.load(model_dir, device="cpu"), ServerConfig(model_name=MODEL, port=port, **settings),
                             log_level="warning")  # fmt: skip
     thread = threading.Thread(target=server.run, kwargs=dict(sockets=[sock]), daemon=True)
     thread.start()
@@ -217,6 +217,21 @@ def test_a_client_dropping_its_body_logs_no_traceback(model_dir, caplog):
             health.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             assert health.recv(100).startswith(b"HTTP/1.1 200")
     assert not [record for record in caplog.records if record.exc_info], caplog.text
+
+
+def test_a_client_sending_its_headers_slowly_is_disconnected(model_dir):
+    """Headers begun and never finished: the server closes the connection past --header-timeout, while a client
+    that sends its request whole is answered."""
+    with running(model_dir, header_timeout_seconds=1) as port:
+        with socket.create_connection(("127.0.0.1", port)) as slow:
+            slow.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # and nothing more
+            slow.settimeout(60)  # never a timing claim: the close comes after the 1 s deadline
+            assert slow.recv(100) == b""  # closed by the server, with no response
+        with socket.create_connection(("127.0.0.1", port)) as prompt:
+            prompt.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert prompt.recv(100).startswith(b"HTTP/1.1 200")
+    with pytest.raises(ValueError, match="header_timeout_seconds must be an integer >= 1"):
+        ServerConfig(header_timeout_seconds=0)
 
 
 PERPLEXITY_TASK = """\

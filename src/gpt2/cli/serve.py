@@ -64,6 +64,9 @@ def register(subparsers: Any) -> None:
          {"type": float, "default": defaults.grammar_timeout, "metavar": "S"}),
         (("--max-connections",), "connections open at once at most; past it a request gets 503 (default "
          f"{defaults.max_connections})", {"type": int, "default": defaults.max_connections}),
+        (("--header-timeout",), "seconds a client may take to send a request's headers, then its connection is "
+         f"closed (default {defaults.header_timeout_seconds})",
+         {"type": int, "default": defaults.header_timeout_seconds, "metavar": "S"}),
     ])  # fmt: skip
     add_speculation_arguments(parser)  # used for a request decoding alone (gpt2.serve.engine)
     parser.add_argument(
@@ -87,6 +90,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         prefix_cache_mb=args.prefix_cache_mb,
         prefill_chunk=args.prefill_chunk,
         max_connections=args.max_connections,
+        header_timeout_seconds=args.header_timeout,
         grammar_timeout=args.grammar_timeout,
     )
 

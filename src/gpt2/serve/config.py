@@ -62,6 +62,9 @@ class ServerConfig:
     open connections and send slowly cannot hold every socket the process has."""
     keep_alive_seconds: int = 5
     """An idle keep-alive connection is closed after this many seconds (uvicorn's timeout_keep_alive)."""
+    header_timeout_seconds: int = 20
+    """A connection whose request headers are not all in this many seconds is closed (`--header-timeout`; nginx's
+    client_header_timeout, Apache's RequestReadTimeout header=20)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_name, str) or not self.model_name:
@@ -85,7 +88,7 @@ class ServerConfig:
         if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not 0 < timeout < float("inf"):
             raise ValueError(f"grammar_timeout must be a number of seconds > 0, got {timeout!r}")
         for name in ("max_batch", "max_queue", "max_body_bytes", "max_prompts", "retry_after_seconds", "prefill_chunk",
-                     "max_connections", "keep_alive_seconds"):  # fmt: skip
+                     "max_connections", "keep_alive_seconds", "header_timeout_seconds"):  # fmt: skip
             value = getattr(self, name)
             if not is_integer(value) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

@@ -23,12 +23,14 @@ requests allocate; it unfreezes them when the server stops.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import gc
 import signal
 import threading
 from collections.abc import Callable, Mapping
 from types import FrameType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import uvicorn
 
@@ -47,6 +49,9 @@ def uvicorn_server(
     bound socket made with proto=IPPROTO_TCP, without which asyncio leaves Nagle's algorithm on); `saes` by name
     for requests' steering."""
     app = create_app(llm, config, saes=saes)
+    http: Any = "auto"  # h11 where httptools is missing (no header deadline there)
+    if _HeaderDeadlineProtocol is not None:
+        http = functools.partial(_HeaderDeadlineProtocol, header_timeout=config.header_timeout_seconds)
     settings = uvicorn.Config(
         app,
         host=config.host,
@@ -56,8 +61,57 @@ def uvicorn_server(
         access_log=log_level == "debug",
         limit_concurrency=config.max_connections,  # slow clients cannot hold every socket (ServerConfig)
         timeout_keep_alive=config.keep_alive_seconds,
+        http=http,
     )
     return uvicorn.Server(settings)
+
+
+try:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # no httptools: uvicorn serves with h11
+    _HeaderDeadlineProtocol = None
+else:
+
+    class _HeaderDeadlineProtocol(HttpToolsProtocol):  # type: ignore[no-redef]
+        """uvicorn's httptools protocol, closing a connection whose request headers are not all in `header_timeout`
+        seconds after the connection opened or the request's first byte arrived (nginx's client_header_timeout):
+        clients that send their headers slowly cannot hold connections, and with them the server's connection
+        cap, forever. Idle keep-alive connections are uvicorn's timeout_keep_alive's."""
+
+        def __init__(self, *args: Any, header_timeout: float, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._header_timeout = header_timeout
+            self._header_deadline: asyncio.TimerHandle | None = None
+
+        def _arm_header_deadline(self) -> None:
+            if self._header_deadline is None:
+                self._header_deadline = self.loop.call_later(self._header_timeout, self._headers_too_slow)
+
+        def _disarm_header_deadline(self) -> None:
+            if self._header_deadline is not None:
+                self._header_deadline.cancel()
+                self._header_deadline = None
+
+        def _headers_too_slow(self) -> None:
+            self._header_deadline = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm_header_deadline()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._arm_header_deadline()
+
+        def on_headers_complete(self) -> None:
+            self._disarm_header_deadline()
+            super().on_headers_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm_header_deadline()
+            super().connection_lost(exc)
 
 
 def serve(
