@@ -412,7 +412,7 @@ class _Service:
                 params.for_sample(i).replace(n=1),
                 parsed.logprobs,
                 prompt_logprobs,
-                steering,
+                steering=steering,
             )
             for prompt in prompts
             for i in range(params.n)
