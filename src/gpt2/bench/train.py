@@ -9,6 +9,7 @@ Optionally the time to a target training loss on a text file.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
 import tempfile
@@ -121,12 +122,13 @@ def nanogpt_step(settings: BenchSettings, grid: TrainGrid, dtype: torch.dtype) -
                               n_head=ours.n_head, n_embd=ours.n_embd, dropout=0.0, bias=True)  # fmt: skip
     device = settings.torch_device
     torch.manual_seed(SEED)
-    model = module.GPT(config).to(device).train()
-    optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device.type)
+    with contextlib.redirect_stdout(sys.stderr):  # its reports of parameter counts stay off the records
+        model = module.GPT(config).to(device).train()
+        optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), device.type)
     forward = torch.compile(model) if grid.compile else model
     tokens = torch.randint(0, ours.vocab_size, (grid.batch_size, grid.block_size + 1),
                            generator=torch.Generator().manual_seed(SEED)).to(device)  # fmt: skip
-    x, y = tokens[:, :-1], tokens[:, 1:]
+    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()  # as nanoGPT's get_batch makes them
 
     def step() -> float:
         synchronize(device)
