@@ -7,7 +7,7 @@ The grammar engine is xgrammar (`pip install 'gpt2-faithful[structured]'`). Why 
 as raw token bytes (`VocabType.RAW`), which is exactly GPT-2's byte-level BPE (`decode_bytes([id])`), with no
 transformers tokenizer object; and its per-token mask is precomputed per grammar state (adaptive token mask
 cache), so a step costs a bitmask fill of V / 32 words plus one masked fill in C++, measured in
-benchmarks/bench_structured.py against a decode step (docs/benchmarks.md).
+benchmarks/inference/structured.py against a decode step.
 
 Usage: `structured_processor(params, tokenizer)` gives the processor for `params.json_schema` / `params.regex`
 (None when neither is set); a `GrammarCompiler` kept beside a tokenizer reuses its vocabulary tables and compiled
