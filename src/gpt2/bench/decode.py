@@ -237,6 +237,20 @@ def peer_runs(model: GPT, settings: BenchSettings, grid: DecodeGrid, folder: Pat
     return engines
 
 
+@dataclass
+class DecodeRun:
+    """What every grid point of one `gpt2 bench decode` / `prefill` run shares."""
+
+    settings: BenchSettings
+    grid: DecodeGrid
+    recorder: Recorder
+    reference: GPT
+    """The model as loaded (float32); each precision prepares a copy."""
+    engines: dict[str, dict[str, Any]]
+    """Each peer's engine per precision (see peer_runs)."""
+    prefill: bool
+
+
 def run_decode(settings: BenchSettings, grid: DecodeGrid, recorder: Recorder, *, prefill: bool = False) -> None:
     """`gpt2 bench decode` (prefill=False) or `gpt2 bench prefill`: every precision and batch size (decode) or
     prompt length (prefill), against each peer asked for."""
@@ -244,31 +258,22 @@ def run_decode(settings: BenchSettings, grid: DecodeGrid, recorder: Recorder, *,
     device = settings.torch_device
     with tempfile.TemporaryDirectory(prefix="gpt2-bench-") as folder:
         engines = peer_runs(reference, settings, grid, Path(folder))
+        run = DecodeRun(settings, grid, recorder, reference, engines, prefill)
         for precision in grid.precisions:
             model = prepared(reference, precision, device)
             if model is None:
                 continue
-            points = grid.prefill_tokens if prefill else grid.batch_sizes
-            for point in points:
-                measure_point(model, reference, precision, point, settings, grid, engines, recorder, prefill)
+            for point in grid.prefill_tokens if prefill else grid.batch_sizes:
+                measure_point(run, model, precision, point)
             del model
 
 
-def measure_point(
-    model: GPT,
-    reference: GPT,
-    precision: str,
-    point: int,
-    settings: BenchSettings,
-    grid: DecodeGrid,
-    engines: dict[str, dict[str, Any]],
-    recorder: Recorder,
-    prefill: bool,
-) -> None:
+def measure_point(run: DecodeRun, model: GPT, precision: str, point: int) -> None:
     """One grid point (a batch size, or a prompt length for prefill) against each peer with an engine for it."""
+    settings, grid = run.settings, run.grid
     device = settings.torch_device
-    vocab = reference.config.vocab_size
-    if prefill:
+    vocab = run.reference.config.vocab_size
+    if run.prefill:
         prompt = prompt_ids(1, point, vocab).to(device)
         ours: Callable[[], float] = lambda: ours_prefill(model, prompt)  # noqa: E731
         params = {"precision": precision, "prompt_tokens": point}
@@ -278,13 +283,13 @@ def measure_point(
         params = {"precision": precision, "batch": point, "prompt_tokens": grid.prompt_tokens,
                   "new_tokens": grid.new_tokens}  # fmt: skip
     params |= settings.model_params() | {"device": device.type}
-    area, name = ("prefill", "prefill tokens/s") if prefill else ("decode", "decode tokens/s")
-    peers = peer_functions(engines, precision, prompt, grid, prefill, reference)
+    area, name = ("prefill", "prefill tokens/s") if run.prefill else ("decode", "decode tokens/s")
+    peers = peer_functions(run.engines, precision, prompt, grid, run.prefill, run.reference)
     if not peers:
-        recorder.add(area, name, params, interleaved(ours, None, settings)[0], "tokens/s")
+        run.recorder.add(area, name, params, interleaved(ours, None, settings)[0], "tokens/s")
     for peer_name, theirs in peers.items():
         mine, peer = interleaved(ours, theirs, settings)
-        recorder.add(area, name, params, mine, "tokens/s", (peer_name, peer))
+        run.recorder.add(area, name, params, mine, "tokens/s", (peer_name, peer))
 
 
 def peer_functions(

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-LOWER_IS_BETTER = frozenset({"s", "ms", "MiB"})
+LOWER_IS_BETTER = frozenset({"s", "ms", "MiB", "steps"})
 
 
 @dataclass(frozen=True)
