@@ -16,6 +16,13 @@ SCHEMA = {"area", "name", "params", "value", "values", "unit", "peer", "peer_val
 TINY = ["--preset", "gpt2-tiny", "--tokenizer", "bytes", "--repetitions", "2", "--warmup", "0"]
 
 
+@pytest.fixture(autouse=True)
+def pytorch_layouts(monkeypatch):
+    """The records' schema does not depend on the decode path: the PyTorch layouts spare each test the native
+    kernels' first build (tests/test_kernels.py covers the kernels)."""
+    monkeypatch.setenv("GPT2_NATIVE_KERNELS", "0")
+
+
 def records(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
