@@ -41,6 +41,9 @@ def run_gpu_profile(settings: BenchSettings, recorder: Recorder, *, dry_run: boo
         if settings.torch_device.type != "cuda":
             raise ValueError("the GPU profile needs a CUDA device (--device cuda); --dry-run runs it on the CPU")
         train, decode, serve = GPU_TRAIN, GPU_DECODE, GPU_SERVE
-    run_train(settings, train, recorder)
+    # a compiled step's time settles after a few steps: at least 10 timed steps after 2 untimed ones
+    steps = settings if dry_run else dataclasses.replace(settings, repetitions=max(settings.repetitions, 10),
+                                                         warmup=max(settings.warmup, 2))  # fmt: skip
+    run_train(steps, train, recorder)
     run_decode(settings, decode, recorder)
     run_serve(settings, serve, recorder)

@@ -125,14 +125,20 @@ def add_finetune(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peer", action="append", default=[], choices=["transformers", "peft"])
 
 
+PROFILE_FILE = Path("gpu-profile.jsonl")
+
+
 def add_profile(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="the same steps, tiny model, CPU, seconds")
-    parser.set_defaults(profile="gpu")
+    parser.set_defaults(profile="gpu", save=PROFILE_FILE)  # the records always go to a file too
+    for action in parser._actions:
+        if action.dest == "save":
+            action.help = f"append the records to this JSON-lines file (default {PROFILE_FILE})"
 
 
 def add_all(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", required=True, choices=["gpu"], help="which profile")
-    parser.add_argument("--dry-run", action="store_true", help="the same steps, tiny model, CPU, seconds")
+    add_profile(parser)
 
 
 def command_of(args: argparse.Namespace) -> list[str]:
