@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 
 # (name, n_layer, n_head, n_embd, block_size, vocab_size): the full 124M shape, a tiny one and an odd one.
 PARITY_CONFIGS = [
-    ("gpt2-124M-shape", 12, 12, 768, 1024, 50257),
+    pytest.param("gpt2-124M-shape", 12, 12, 768, 1024, 50257, marks=pytest.mark.slow),
     ("tiny", 2, 4, 64, 128, 1000),
     ("odd", 3, 3, 48, 77, 517),
 ]

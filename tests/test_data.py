@@ -643,6 +643,7 @@ def test_loader_reads_a_prepared_split(prepared):
 # ------------------------------------------------------------------------------------------ stdlib corpus
 
 
+@pytest.mark.slow
 def test_stdlib_corpus_is_library_code_in_a_fixed_order():
     from gpt2.data.corpus import EXCLUDED_DIRS, stdlib_files, stdlib_root
 

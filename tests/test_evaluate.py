@@ -587,6 +587,7 @@ def test_cli_perplexity_on_a_text_file_reports_bits_per_byte(tmp_path: Path, mod
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8", "int4"])
+@pytest.mark.slow
 def test_cli_perplexity_in_an_inference_precision_stays_near_the_trained_model(
     tmp_path: Path, model_dir: Path, dtype: str
 ) -> None:

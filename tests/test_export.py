@@ -101,6 +101,7 @@ def dequantized(gguf, tensor) -> np.ndarray:
 
 # ------------------------------------------------------------------------------------------------------ GGUF
 @pytest.mark.parametrize("dtype", ["f32", "q8_0"])
+@pytest.mark.slow
 def test_gguf_has_the_metadata_and_tokenizer_llamacpp_converter_writes(gguf_tiny, tiny_gguf, dtype):
     ours, _ = read_gguf(tiny_gguf(dtype))
     theirs, _ = read_gguf(gguf_tiny / f"model-{dtype}.gguf")

@@ -253,6 +253,7 @@ def test_more_shots_than_the_pool_holds_is_a_clear_error() -> None:
 
 
 # ------------------------------------------------------------------------------------ against the harness
+@pytest.mark.slow
 def test_a_choice_file_with_a_train_split_matches_the_harness(
     harness: dict[str, list[dict[str, Any]]], files: dict[str, Path], ours: tuple[GPT, Any]
 ) -> None:
@@ -268,6 +269,7 @@ def test_a_choice_file_with_a_train_split_matches_the_harness(
     assert (results["acc"], results["acc_norm"]) == pytest.approx((theirs["acc,none"], theirs["acc_norm,none"]))
 
 
+@pytest.mark.slow
 def test_a_choice_file_as_its_own_fewshot_pool_matches_the_harness(
     harness: dict[str, list[dict[str, Any]]], files: dict[str, Path], ours: tuple[GPT, Any]
 ) -> None:
@@ -279,6 +281,7 @@ def test_a_choice_file_as_its_own_fewshot_pool_matches_the_harness(
     assert_same_requests(samples, requests, ours, lambda number: len(records[number]["choices"]))
 
 
+@pytest.mark.slow
 def test_hellaswag_fewshot_matches_the_harness(
     harness: dict[str, list[dict[str, Any]]], files: dict[str, Path], ours: tuple[GPT, Any]
 ) -> None:
@@ -290,6 +293,7 @@ def test_hellaswag_fewshot_matches_the_harness(
     assert_same_requests(harness["gpt2_hellaswag_local"], requests, ours, lambda number: 4)
 
 
+@pytest.mark.slow
 def test_gpt2_eval_hellaswag_fewshot_scores_as_the_harness(
     harness: dict[str, list[dict[str, Any]]], files: dict[str, Path], model_dir: Path, tmp_path: Path
 ) -> None:
@@ -302,6 +306,7 @@ def test_gpt2_eval_hellaswag_fewshot_scores_as_the_harness(
     assert (results["acc"], results["acc_char_norm"]) == pytest.approx((theirs["acc,none"], theirs["acc_norm,none"]))
 
 
+@pytest.mark.slow
 def test_lambada_fewshot_matches_the_harness(
     harness: dict[str, list[dict[str, Any]]], files: dict[str, Path], ours: tuple[GPT, Any]
 ) -> None:
@@ -312,6 +317,7 @@ def test_lambada_fewshot_matches_the_harness(
     assert_same_requests(harness["gpt2_lambada_local"], requests, ours, lambda number: 1)
 
 
+@pytest.mark.slow
 def test_gpt2_eval_lambada_fewshot_scores_as_the_harness(
     harness: dict[str, list[dict[str, Any]]], files: dict[str, Path], model_dir: Path, tmp_path: Path
 ) -> None:

@@ -177,6 +177,7 @@ def test_cli_turns_bad_data_into_one_line(pretrained: Path, tmp_path: Path, caps
 
 
 # ----------------------------------------------------------------------------------------- the run
+@pytest.mark.slow
 def test_finetune_lowers_val_loss_and_transformers_loads_the_result(
     pretrained: Path, text_file: Path, tmp_path: Path
 ) -> None:
@@ -297,6 +298,7 @@ def test_finetune_killed_at_random_moments_then_resumed_gives_the_uninterrupted_
     assert_same_weights(tmp_path / "whole", out)
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint_and_exits_130_then_resume_finishes(
     pretrained: Path, text_file: Path, tmp_path: Path
 ) -> None:
@@ -446,6 +448,7 @@ def test_gpt2_finetune_task_classification_then_gpt2_classify(
     assert "fruit" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_resume_of_a_classification_finetune_is_exact(pretrained: Path, labelled_file: Path, tmp_path: Path) -> None:
     whole = finetune(classify_run(pretrained, labelled_file, tmp_path / "whole"))
     finetune(classify_run(pretrained, labelled_file, tmp_path / "split"), stop_at_step=8)

@@ -757,7 +757,8 @@ def test_the_sampler_draws_an_id_in_the_vocabulary_with_a_finite_or_top_logit(
 
 
 def test_a_vanishing_temperature_is_greedy_not_an_id_past_the_vocabulary(model: GPT) -> None:
-    # the report of issue 23: temperature=1e-45 drew id vocab_size; below GREEDY_BELOW_TEMPERATURE the draw is argmax
+    # temperature=1e-45 overflows the scaled logits (a draw could land on id vocab_size): below
+    # GREEDY_BELOW_TEMPERATURE the draw is argmax
     from gpt2.inference.sampling import GREEDY_BELOW_TEMPERATURE
 
     idx = torch.tensor(prompts([5]))

@@ -39,6 +39,7 @@ def hf_logits(directory: Path, ids: torch.Tensor) -> torch.Tensor:
         return GPT2LMHeadModel.from_pretrained(directory).eval()(ids).logits
 
 
+@pytest.mark.slow
 def test_an_f32_gguf_computes_the_logits_of_its_hf_copy(gguf_tiny: Path) -> None:
     model = load_model(gguf_tiny / "model-f32.gguf")
     ids = torch.tensor([load_tokenizer(gguf_tiny / "hf").encode(TEXTS[1])])
@@ -67,11 +68,13 @@ def test_a_q8_0_gguf_gives_each_weight_as_q8_0_rounds_it(gguf_tiny: Path) -> Non
 
 
 @pytest.mark.parametrize("file", ["model-f32.gguf", "model-q8_0.gguf"])
+@pytest.mark.slow
 def test_greedy_text_is_llama_cpps(gguf_tiny: Path, file: str) -> None:
     llm = LLM.load(gguf_tiny / file)  # the tokenizer comes from the file's metadata
     assert llm.generate("The quick brown fox", SamplingParams(max_tokens=12, temperature=0)) == [LLAMA_CPP_GREEDY]
 
 
+@pytest.mark.slow
 def test_the_tokenizer_in_a_gguf_gives_gpt2s_ids(gguf_tiny: Path) -> None:
     from_gguf = load_tokenizer(gguf_tiny / "model-f32.gguf")
     reference = load_tokenizer(gguf_tiny / "hf")
@@ -81,6 +84,7 @@ def test_the_tokenizer_in_a_gguf_gives_gpt2s_ids(gguf_tiny: Path) -> None:
         assert from_gguf.encode(text, allowed_special="all") == reference.encode(text, allowed_special="all")
 
 
+@pytest.mark.slow
 def test_gpt2_sample_reads_a_gguf_file(gguf_tiny: Path, capsys) -> None:
     status = main(["sample", "--model", str(gguf_tiny / "model-q8_0.gguf"), "--prompt", "The quick brown fox",
                    "--max-new-tokens", "12", "--temperature", "0"])  # fmt: skip

@@ -98,10 +98,10 @@ def test_transformer_lens_caches_the_same_activations_under_the_same_names(
     """TransformerLens itself (its TransformerBridge over transformers' model, raw weights, no weight processing)
     on the same weights: every name we cache is one of its names, with the same shape and values.
 
-    Two differences of TransformerLens 4 from its HookedTransformer, whose meaning we keep: a LayerNorm's
-    `hook_normalized` was its output, gain and bias applied (`x * w + b`), which the bridge now calls `hook_out`
-    (its `hook_normalized` is the value before the gain); masked attention scores were -inf, the bridge reports
-    float32's minimum (transformers' eager attention). Both compared as such."""
+    Two differences of TransformerLens 4's bridge from its HookedTransformer, whose meaning we keep: a LayerNorm's
+    output with gain and bias applied (`x * w + b`), HookedTransformer's `hook_normalized`, is the bridge's
+    `hook_out` (its `hook_normalized` is the value before the gain); masked attention scores, -inf in
+    HookedTransformer, are float32's minimum in the bridge (transformers' eager attention). Both compared as such."""
     transformers = pytest.importorskip("transformers")
     bridge_module = pytest.importorskip("transformer_lens.model_bridge")
     save_pretrained(model, tmp_path / "tiny")

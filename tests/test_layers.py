@@ -6,6 +6,7 @@ never sideways into another subpackage of its own layer):
 
     cli
     finetune (fine-tuning runs on the Trainer)
+    bench (measures every layer below it)
     train | serve | inspect
     api (the facade) | eval
     data | inference | export
@@ -31,6 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("gpt2.api", "gpt2.eval"),
     ("gpt2.train", "gpt2.serve", "gpt2.inspect"),
     ("gpt2.finetune",),
+    ("gpt2.bench",),
     ("gpt2.cli",),
 ]
 

@@ -307,6 +307,7 @@ def test_compiled_newton_schulz_computes_what_the_eager_one_computes():
         torch.testing.assert_close(a.detach(), b.detach(), rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_muon_resumes_exactly_after_sigkill(tmp_path):
     # dropout on, so the RNG state matters too; the process dies (no cleanup) in step 6, after the step-4 checkpoint
     settings = dict(optimizer="muon", dropout=0.1, max_steps=8, checkpoint_interval=4, eval_interval=4,

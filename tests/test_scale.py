@@ -441,6 +441,7 @@ def write_hellaswag(path: Path) -> Path:
 
 
 @pytest.mark.parametrize(("parallel", "activation_checkpointing"), [("ddp", "false"), ("fsdp", "true")])
+@pytest.mark.slow
 def test_the_gpt2_124m_recipe_runs_end_to_end_on_cpu_with_two_processes(
     tmp_path, gpt2_bpe_dir, parallel, activation_checkpointing
 ):

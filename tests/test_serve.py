@@ -932,7 +932,7 @@ def test_a_fuzz_of_random_and_malformed_bodies_never_gets_a_5xx(
 @pytest.mark.skipif(sys.platform == "win32", reason="uvloop has no Windows build (asyncio's loop serves there)")
 def test_the_server_runs_on_uvloop_and_httptools(llm: LLM) -> None:
     """uvicorn's compiled event loop and HTTP parser (the serve extra installs them): a streamed token costs the
-    event loop less than with asyncio's loop and h11 (docs/benchmarks.md, stop 32)."""
+    event loop less than with asyncio's loop and h11 (`gpt2 bench serve`)."""
     import uvloop
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 

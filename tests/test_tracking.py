@@ -94,6 +94,7 @@ def read_wandb_run(out: Path) -> tuple[dict[int, dict], dict, dict]:
     return history, summary, config
 
 
+@pytest.mark.slow
 def test_wandb_offline_run_gets_every_scalar_of_metrics_jsonl_the_config_and_the_sample(tmp_path: Path) -> None:
     pytest.importorskip("wandb")
     config = tiny_config(tmp_path, log_to=("wandb",))
@@ -106,6 +107,7 @@ def test_wandb_offline_run_gets_every_scalar_of_metrics_jsonl_the_config_and_the
     assert summary["sample"] == result.sample
 
 
+@pytest.mark.slow
 def test_both_trackers_at_once_and_a_finetune_too(tmp_path: Path) -> None:
     pytest.importorskip("tensorboard")
     pytest.importorskip("wandb")

@@ -671,8 +671,8 @@ def test_init_from_refuses_a_block_size_beyond_the_model_context(tmp_path):
     ("vendor", "amx", "avx512_bf16", "expected"),
     [
         ("GenuineIntel", True, True, torch.bfloat16),  # AMX tiles: bf16 matmuls several times fp32's speed
-        ("AuthenticAMD", False, True, torch.bfloat16),  # AVX512-BF16 on AMD: 2.8x at 124M (docs/benchmarks.md)
-        ("GenuineIntel", False, True, torch.float32),  # AVX512-BF16 without AMX on Intel: bf16 was 0.6x
+        ("AuthenticAMD", False, True, torch.bfloat16),  # AVX512-BF16 on AMD: 2.8x at 124M (gpt2 bench train)
+        ("GenuineIntel", False, True, torch.float32),  # AVX512-BF16 without AMX on Intel: bf16 runs at 0.6x
         ("AuthenticAMD", False, False, torch.float32),
     ],
 )

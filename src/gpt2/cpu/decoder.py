@@ -27,9 +27,9 @@ if TYPE_CHECKING:
 LinearSpec = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, int, int]  # weight, scale, bias, kind, out
 FLOAT32_MAX_ROWS = 4
 """Steps of more rows than this run faster through the model when its float32 layers are `OneDNNLinear`: oneDNN's
-products read each (packed) weight once for all rows, the native float32 product once every 4 rows (the 124M model
-on the 2-core AMD VM: 4 rows 14.2 vs 15.5 ms a step, 6 rows 20.5 vs 16.7, 16 rows 31.3 vs 25.0;
-benchmarks/bench_float32_rows.py, docs/benchmarks.md 2026-11-25 stop 30)."""
+products read each (packed) weight once for all rows, the native float32 product once every 4 rows (for the 124M
+model on a 2-core AMD EPYC the native step is faster at 4 rows and slower from 6; benchmarks/inference/float32_rows.py
+re-derives it)."""
 
 
 class NativeDecoder:

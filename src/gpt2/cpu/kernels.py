@@ -14,7 +14,7 @@ caller falls back to the PyTorch layouts of gpt2.cpu.layouts, which compute the 
 Inference uses them by default only where they are faster (`use_native_kernels`): on x86 CPUs with AVX-512
 (F/BW/VL), for which the file has hand-vectorized paths. Elsewhere only the portable C++ loops run, and on an
 AVX2-only CPU they measured 2.2x (fp32) to 5.6x (int8) slower per decoded token than the PyTorch layouts
-(docs/benchmarks.md); `GPT2_NATIVE_KERNELS=1` uses them anyway (as the kernel tests do).
+(docs/performance.md; `gpt2 bench decode`); `GPT2_NATIVE_KERNELS=1` uses them anyway (as the kernel tests do).
 
 Formats (what `NativeLinear` holds; the C++ file's header has the byte layout): bfloat16 as it is, and
 - int8: tiles of 16 output rows, one scale per row (symmetric, absmax / 127), as `Int8Linear`'s values;
@@ -46,7 +46,7 @@ BLOCK = 32  # inputs per activation-quantization block and per int4 group
 VECTOR_FLAGS = ("avx512f", "avx512bw", "avx512vl")  # the CPU flags the file's vector paths need (GPT2_AVX512)
 # Rows from which NativeLinear multiplies by the dequantized weight, per precision (measured crossovers, 124M on
 # the 2-core Zen 5 VM, a prefill of P tokens: int8 24-32 (P = 63: 68 ms native, 38 dequantized), int4 the same,
-# bfloat16 64; benchmarks/bench_prefill_crossover.py). The native product reads the weights once every 4 rows.
+# bfloat16 64; benchmarks/inference/prefill_crossover.py). The native product reads the weights once every 4 rows.
 MANY_ROWS = {"bfloat16": 64, "int8": 32, "int4": 32}
 INT8_MAX = 127
 INT4_LEVELS = 15
@@ -271,6 +271,6 @@ class NativeLinear(nn.Module):
 
 def many_rows_dtype() -> torch.dtype:
     """The dtype of prefill matrix products over dequantized weights: bfloat16 where the CPU multiplies it fast
-    (AMX tiles, or AMD's AVX512-BF16: about 3x float32's prompt tokens/s there, docs/benchmarks.md 2026-11-25),
-    else float32 (elsewhere bfloat16 products are emulated or slow)."""
+    (AMX tiles, or AMD's AVX512-BF16: about 3x float32's prompt tokens/s there, `gpt2 bench prefill --precisions
+    float32,bfloat16`), else float32 (elsewhere bfloat16 products are emulated or slow)."""
     return torch.bfloat16 if cpu_prefers_bf16() else torch.float32

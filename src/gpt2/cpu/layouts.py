@@ -18,8 +18,8 @@ same thing more slowly:
 - `Int8Linear` (`quantize_int8(model)`): each weight as int8 with one scale per output row (symmetric, absmax /
   127): a quarter of the bytes. Activations in bfloat16 where the CPU multiplies bfloat16 fast (AMX, or AMD's
   AVX512-BF16), float32 elsewhere (`layout_dtype`: on an AVX2-only CPU, bfloat16 is emulated and costs
-  several times float32 in prompt batches, docs/benchmarks.md). Embeddings,
-  LayerNorms and biases stay as they are. The accuracy cost is measured in benchmarks/bench_generate.py.
+  several times float32 in prompt batches, docs/performance.md). Embeddings, LayerNorms and biases stay as they
+  are. The accuracy cost is measured by `gpt2 eval perplexity --dtype X` (docs/performance.md).
 - `Int4Linear` (`quantize_int4(model)`, CPU only): each group of 32 weights along the input as 4-bit codes
   0..15 with its own scale and minimum (asymmetric), two codes a byte, in torch's CPU int4 kernel
   (`aten._weight_int4pack_mm_for_cpu`), activations as for int8: 5 bits a weight with the scales, as llama.cpp's
@@ -55,9 +55,10 @@ M = TypeVar("M", bound=nn.Module)
 class OneDNNLinear(nn.Linear):
     """nn.Linear whose float32 products on the CPU run in oneDNN (PyTorch's mkldnn backend) instead of the BLAS
     behind F.linear (MKL). MKL runs its AVX2 code on AMD CPUs; oneDNN uses AVX-512 there: 2.2-2.3x the speed of a
-    prompt's products (64-1024 rows) and 1.8x at 1 row on a Zen 5 (docs/benchmarks.md 2026-11-25). The same float32
-    arithmetic in another summation order (logits within 1e-4 of transformers', tested). Shares the weight and
-    bias of the layer it replaces, so a tied LM head stays tied. Autograd and other dtypes take nn.Linear's path.
+    prompt's products (64-1024 rows) and 1.8x at 1 row on a Zen 5 (`gpt2 bench prefill --precisions float32`). The
+    same float32 arithmetic in another summation order (logits within 1e-4 of transformers', tested). Shares the
+    weight and bias of the layer it replaces, so a tied LM head stays tied. Autograd and other dtypes take
+    nn.Linear's path.
 
     oneDNN multiplies by a copy of the weight laid out in its own blocks (`packed_weight`, made once, and again
     if the weight is changed in place), as Inductor's frozen CPU graphs keep theirs: from a plain weight every
@@ -72,7 +73,7 @@ class OneDNNLinear(nn.Linear):
         layer = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
         layer.weight, layer.bias = linear.weight, linear.bias
         if layer.weight.dtype == torch.float32 and layer.weight.device.type == "cpu":
-            layer.packed_weight()  # now, at load time, not in the first prompt's time to first token
+            layer.packed_weight()  # at load time, not in the first prompt's time to first token
         return layer
 
     def packed_weight(self) -> torch.Tensor:
@@ -122,9 +123,9 @@ class Int8Linear(nn.Module):
         self.register_buffer("scale", scale)  # (out,) in the activations' dtype
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         # Many rows at once (a prefill, an evaluation batch) run faster as one bfloat16 matmul over the weight
-        # dequantized on the fly (AMX / oneDNN) than in the int8 kernel, which is made for a few rows. Measured
-        # on the dev VM: break-even near 32 rows for a block's layers, near 256 for the 50257-row LM head,
-        # whose dequantized copy alone takes tens of milliseconds to write.
+        # dequantized on the fly (AMX / oneDNN) than in the int8 kernel, which is made for a few rows. Measured on a
+        # 2-core AMD EPYC (benchmarks/inference/prefill_crossover.py): break-even near 32 rows for a block's layers,
+        # near 256 for the 50257-row LM head, whose dequantized copy alone takes tens of milliseconds to write.
         self.dequantize_from_rows = 32 if weight_int8.numel() <= INT8_LARGE_WEIGHT else 256
 
     @classmethod

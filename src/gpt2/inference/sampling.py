@@ -310,13 +310,13 @@ def _draw_among_top_k(
     logits: torch.Tensor, temperature: float, top_k: int, top_p: float | None, generator: Generators
 ) -> torch.Tensor | None:
     """What the full computation of `sample_next_token` draws from logits (B, V) with 1 <= top_k < V, computed
-    over the k candidates alone (B, k): one pass over the vocabulary (top-k) instead of ten (V = 50257, one row:
-    183 -> 98 us, 835 -> 120 with top-p 0.9; benchmarks/bench_sampling.py). The candidates keep the vocabulary's
-    order, so the inverse CDF walks them as it walks the whole row (where every other token has probability 0),
-    with the same one uniform number per row: the same token, up to the float rounding of the softmax's sum.
-    None when a row's candidates are not all finite, or it has ties at the k-th value reaching past k (the full
-    computation keeps them all); with a generator per row, such a row makes every row draw alone instead, so that
-    each draws what it draws alone (the server's engine samples its rows together)."""
+    over the k candidates alone (B, k): one pass over the vocabulary (top-k) instead of ten (V = 50257: about half
+    the time with top-k alone, a seventh with top-p 0.9; benchmarks/inference/sampling.py). The candidates keep the
+    vocabulary's order, so the inverse CDF walks them as it walks the whole row (where every other token has
+    probability 0), with the same one uniform number per row: the same token, up to the float rounding of the
+    softmax's sum. None when a row's candidates are not all finite, or it has ties at the k-th value reaching past k
+    (the full computation keeps them all); with a generator per row, such a row makes every row draw alone instead,
+    so that each draws what it draws alone (the server's engine samples its rows together)."""
     values, ids = torch.topk(logits, top_k + 1, dim=-1)  # (B, k + 1), largest first (NaN first too)
     # NaN or +inf on top: the careful path resolves them. A (k + 1)-th tied with the k-th: the full computation
     # keeps both (-inf candidates always tie so).

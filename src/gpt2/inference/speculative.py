@@ -55,8 +55,9 @@ if TYPE_CHECKING:
 
 NATIVE_SPAN = 16
 """Spans of at most this many new tokens (verifications, a draft catching up) run in the native decoder, which reads
-the weights once for them all (the 88M float32 target of docs/benchmarks.md: 2 tokens 9.9 ms, 9 tokens 16 ms, against
-14-16 ms through the model, and 8.3 ms for one); longer ones (a prompt) run the model's prefill."""
+the weights once for them all (for an 88M float32 target, verifying 9 tokens costs about two one-token steps, less
+than the same span through the model; `gpt2 bench decode` re-measures it); longer ones (a prompt) run the model's
+prefill."""
 
 
 # ------------------------------------------------------------------------------------------ distributions

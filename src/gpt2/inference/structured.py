@@ -7,7 +7,7 @@ The grammar engine is xgrammar (`pip install 'gpt2-faithful[structured]'`). Why 
 as raw token bytes (`VocabType.RAW`), which is exactly GPT-2's byte-level BPE (`decode_bytes([id])`), with no
 transformers tokenizer object; and its per-token mask is precomputed per grammar state (adaptive token mask
 cache), so a step costs a bitmask fill of V / 32 words plus one masked fill in C++, measured in
-benchmarks/bench_structured.py against a decode step (docs/benchmarks.md).
+benchmarks/inference/structured.py against a decode step.
 
 A schema's properties come in the schema's order (as OpenAI's structured outputs return them). Numbers are bounded
 as llama.cpp's JSON-schema grammar bounds them (common/json-schema-to-grammar.cpp: an integral part of at most

@@ -9,14 +9,15 @@ interrupt).
 Threads. PyTorch's OpenMP gives every thread that runs a parallel op a team of worker threads, alive as long as
 that thread. The model is loaded and the app built (its engine allocates the KV cache) on a thread that then ends
 (`on_passing_thread`), so that the engine's thread is the only one left with workers. With a second team idle
-on the event loop's thread, every decode step of the engine ran slower: one streamed request decoded at 0.73-0.82
-of the speed of `LLM.stream` offline, against 0.94-0.97 without it (benchmarks/bench_serve_single.py, 2 cores).
+on the event loop's thread, every decode step of the engine runs slower: on 2 cores one streamed request decodes
+at about 0.8 of the speed of `LLM.stream` offline with it, about 0.95 without (`gpt2 bench serve --clients 1`
+beside `gpt2 bench decode`).
 The likely cause: libgomp spins less for its workers when it manages more threads than there are cores, so they
 fall asleep between the step's parallel regions and must be woken for each.
 
 Garbage collection. Loaded and built, the process holds ~350,000 objects the collector tracks (the model's
 modules, the app, every imported module), and a full collection walks them all: ~190 ms on the 2-core VM, landing
-on whichever request's allocations set it off (a first request's time to first token was 272 ms instead of ~45).
+on whichever request's allocations set it off (it can add ~200 ms to a first request's time to first token).
 `serve` collects once and then freezes what is alive (`gc.freeze`), so later collections walk only what the
 requests allocate; it unfreezes them when the server stops.
 """

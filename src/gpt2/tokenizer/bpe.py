@@ -4,7 +4,7 @@
 files it is read from and written to are `gpt2.tokenizer.files`, and `gpt2.tokenizer.load_tokenizer` finds
 them in a directory.
 
-Why tiktoken (measured, see docs/benchmarks.md "## Tokenizer"): on tinyshakespeare x10 on a 2-core VM
+Why tiktoken (measured, see docs/performance.md "Tokenizer"): on tinyshakespeare x10 on a 2-core VM
 tiktoken encodes ~12x faster single-threaded than the Hugging Face `tokenizers` engine behind
 `GPT2TokenizerFast` (21 vs 1.7 MB/s), releases the GIL so a thread pool scales, and builds from local files with
 no network.
@@ -55,7 +55,8 @@ EOT_TEXT = "<|endoftext|>"
 # - the four piece kinds in one group that the engine tries before the whitespace rules;
 # - a lone `\s` last: `\s+(?!\S)` only fails on a single whitespace character before a non-space, which
 #   is all the original's trailing `\s+` could then match.
-# Measured 1.4-1.7x tiktoken's own GPT-2 spellings on code, prose and multilingual text (docs/benchmarks.md).
+# Faster than tiktoken's own GPT-2 spelling on code, prose and multilingual text (`gpt2 bench tokenizer --peer
+# tiktoken`, docs/performance.md).
 TIKTOKEN_SPLIT_PATTERN = r"""(?: ?\p{L}+| ?\p{N}+|'(?:[sdmt]|ll|ve|re)| ?[^\s\p{L}\p{N}]+)|\s+(?!\S)|\s"""
 # What a vocabulary entry that no merge produces may look like to count as a special token.
 SPECIAL_TOKEN_SHAPE = re.compile(r"<\|[^|]+\|>")

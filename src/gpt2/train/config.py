@@ -564,8 +564,9 @@ def load_config(source: str | os.PathLike[str] | None = None, overrides: list[st
 
 PRESETS: dict[str, TrainConfig] = {
     # The main job: a small GPT-2 on this Python's standard library, with its own BPE, in a few CPU minutes.
-    # Muon for 1000 steps reaches the val loss AdamW (learning_rate=2e-3) reached in 1800 in 0.54x the time, and
-    # ends lower (docs/training.md); that recipe: optimizer=adamw max_steps=1800 learning_rate=2e-3.
+    # Muon for 1000 steps reaches the val loss an AdamW recipe (optimizer=adamw max_steps=1800 learning_rate=2e-3)
+    # reaches in 1800, in about half the time, and ends lower (docs/training.md;
+    # benchmarks/train/time_to_loss.py re-derives it).
     "stdlib": TrainConfig.from_dict(dict(
         data="stdlib", tokenizer="bpe", vocab_size=4096,
         model="gpt2-mini", n_layer=4, n_head=4, n_embd=128, block_size=128, dropout=0.0,

@@ -55,8 +55,8 @@ constexpr int64_t BLOCK = 32;   // inputs per activation-quantization block (and
 constexpr int64_t MAX_ROWS = 4; // row-major formats: activation rows computed together while 4 weight rows are loaded
 // Up to this many activation rows, row-major products take one weight row at a time against all of them (one
 // sequential stream a thread, as for one row); past it, 4 weight rows a block (4 x 4 sums in registers), which
-// does more arithmetic per load. 124M float32, all products of a step: 2 rows 10.2 -> 7.9 ms, 4 rows 12.1 -> 10.1,
-// 8 rows 17.4 vs 19.2 the other way (docs/benchmarks.md, 2026-11-25 stop 28).
+// does more arithmetic per load. For the 124M float32 model the first is faster up to 4 rows and the second at 8
+// (`gpt2 bench decode --precisions float32 --batch-sizes 1,2,4,8` re-derives FEW_ROWS).
 constexpr int64_t FEW_ROWS = 4;
 
 // ------------------------------------------------------------------------------------------ scalar helpers
@@ -246,9 +246,8 @@ static inline void rowmajor_blocks(int64_t ns, const W* w, const float* xf, cons
 
 // F32 and BF16 against one activation row (a lone decode step): y[0, o] = W[o] . x, weight row after weight row,
 // four accumulators a row. Each thread reads its share of W as one sequential stream, which the hardware
-// prefetchers follow best: 124M float32, all products of a step 7.8 -> 6.5 ms against blocks of 8 weight rows read
-// side by side (8 streams 3 KB apart), bfloat16 4.0 -> 3.8 ms, where the VM's memory was fast; equal where it was
-// contended (docs/benchmarks.md, 2026-11-25 stop 28).
+// prefetchers follow best: faster than blocks of 8 weight rows read side by side (8 streams 3 KB apart) where
+// memory is fast, equal where it is contended (`gpt2 bench decode --precisions float32,bfloat16`).
 template <typename W>
 static void rowwise_product(const W* w, const float* xf, const uint16_t* xb, int64_t K, int64_t O, const Output& out) {
   at::parallel_for(0, O, 64, [&](int64_t begin, int64_t end) {

@@ -6,8 +6,8 @@ beta2 0.99, dropout 0; val = the last 10% of tinyshakespeare. Published figure f
 vocabulary): val loss 1.88. Reports the loop's val loss (20 random batches, as nanoGPT), the loss over the
 whole val split, wall time and ms per iteration, for each autocast dtype asked for.
 
-    python benchmarks/shakespeare_char.py                      # float32 and bfloat16
-    python benchmarks/shakespeare_char.py --dtype float32 --threads 2
+    python benchmarks/train/shakespeare_char.py                      # float32 and bfloat16
+    python benchmarks/train/shakespeare_char.py --dtype float32 --threads 2
 
 Reads GPT2_SHARED_DATA/corpora/tinyshakespeare.txt (default ../shared/data relative to the repo).
 """
@@ -66,7 +66,7 @@ def main() -> None:
     results = []
     for dtype in args.dtype or ["float32", "bfloat16"]:
         with tempfile.TemporaryDirectory() as tmp:
-            # nanoGPT's recipe: AdamW for 2000 steps (the preset now ships Muon for 1000: bench_time_to_loss.py)
+            # nanoGPT's recipe: AdamW for 2000 steps (the preset ships Muon for 1000 steps: time_to_loss.py)
             overrides = dict(
                 data=str(data),
                 out_dir=tmp,

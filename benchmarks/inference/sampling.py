@@ -12,7 +12,7 @@ alternating. Per setting, microseconds per call (median of --repeats timings of 
 
 Checked on the way: ours and the whole-vocabulary rule draw the same ids for the same seed.
 
-    flock /tmp/bench.lock python benchmarks/bench_sampling.py --threads 2
+    flock /tmp/bench.lock python benchmarks/inference/sampling.py --threads 2
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ a decode step adds), timed per token (median); beside it, the median plain decod
 where it builds) and the end-to-end tokens/s of `stream_text` with and without the grammar. Goal: mask <= 20% of
 a step.
 
-    flock /tmp/bench.lock python benchmarks/bench_structured.py
+    flock /tmp/bench.lock python benchmarks/inference/structured.py
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ GPT2_NATIVE_KERNELS=1 (the kernels, whatever the CPU) and =0 (the PyTorch layout
 with bfloat16 activations (their former default), alternating in one process, --repeats times each; the table
 takes each one's best.
 
-    flock /tmp/bench.lock python benchmarks/bench_native_default.py --repeats 3
+    flock /tmp/bench.lock python benchmarks/inference/native_default.py --repeats 3
 """
 
 from __future__ import annotations
@@ -18,19 +18,16 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import sys
-from pathlib import Path
 
 import torch
 
 import gpt2.cpu.layouts as layouts
+from gpt2.bench.decode import ours_decode, ours_prefill
+from gpt2.bench.setup import prompt_ids
 from gpt2.config import GPTConfig
 from gpt2.cpu import prepare_for_inference
 from gpt2.cpu.kernels import SWITCH_VARIABLE, VECTOR_FLAGS, cpu_flags, kernels_available
 from gpt2.model import GPT
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_cpu_decode import ours_decode, ours_prefill, prompt_ids  # noqa: E402
 
 PRECISIONS = ["float32", "bfloat16", "int8", "int4"]
 # name: (GPT2_NATIVE_KERNELS, the int8 / int4 layouts' activation dtype or None for layout_dtype()'s)
@@ -68,8 +65,8 @@ def main() -> None:
                 else:  # what prepare_for_inference did for the layouts before layout_dtype
                     quantize = layouts.quantize_int8 if precision == "int8" else layouts.quantize_int4
                     quantize(model, dtype=dtype)
-                decode = ours_decode(model, prompt_ids(32), args.new_tokens)
-                prefill = ours_prefill(model, prompt_ids(256))
+                decode = ours_decode(model, prompt_ids(1, 32, 50257), args.new_tokens)
+                prefill = ours_prefill(model, prompt_ids(1, 256, 50257))
                 old = best.get((precision, path), (0.0, 0.0))
                 best[precision, path] = (max(old[0], decode), max(old[1], prefill))
                 del model

@@ -7,8 +7,8 @@ prompt pair with the logit-difference metric, on the same random weights: ours o
 is reported. Figures: the median of --repeats sweeps of each, interleaved (TransformerLens' progress bar
 goes to stderr).
 
-    flock /tmp/bench.lock python benchmarks/bench_patching.py                 # 124M shape, T=16
-    flock /tmp/bench.lock python benchmarks/bench_patching.py --site head --repeats 3 2>/dev/null
+    flock /tmp/bench.lock python benchmarks/inspect/patching.py                 # 124M shape, T=16
+    flock /tmp/bench.lock python benchmarks/inspect/patching.py --site head --repeats 3 2>/dev/null
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ split into memory as load_split did before views (`np.asarray(load_split(...))`)
 through the views but never gives the mapped pages back (`TokenView.release` disabled), so the kernel's
 read-ahead around each random window stays in the process and adds up towards the whole corpus.
 
-    flock /tmp/bench.lock python benchmarks/bench_memory.py
+    flock /tmp/bench.lock python benchmarks/train/memory.py
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import peak_rss_mb
+from gpt2.bench.finetune import peak_rss_mib
 from gpt2.data import save_token_shards
 from gpt2.tokenizer import ByteTokenizer
 
@@ -63,7 +63,7 @@ def run_one(data: Path, out: Path, mode: str, steps: int) -> dict:
     start = time.perf_counter()
     result = train(config)
     return {
-        "maxrss_mb": peak_rss_mb(),
+        "maxrss_mb": peak_rss_mib(),
         "seconds": time.perf_counter() - start,
         "final_loss": result.losses[-1],
     }

@@ -11,12 +11,13 @@ Alternating, medians of --repeats (after a warm-up each), greedy, --max-tokens n
   grouped low-rank product per adapted layer);
 - one adapter: every prompt on the first adapter.
 
-    flock /tmp/bench.lock python benchmarks/bench_lora.py --threads 2
+    flock /tmp/bench.lock python benchmarks/inference/lora.py --threads 2
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -24,11 +25,14 @@ from pathlib import Path
 
 import torch
 
-from common import peak_rss_mb, save_random_gpt2
 from gpt2.api import LLM
+from gpt2.bench.finetune import peak_rss_mib
+from gpt2.bench.setup import BenchSettings, save_model_directory
 from gpt2.finetune.lora import LoRAConfig, LoRALinear, add_lora, save_adapter
 from gpt2.inference.sampling import SamplingParams
 from gpt2.weights import load_model
+
+SHARED_DATA = Path(os.environ.get("GPT2_SHARED_DATA", Path(__file__).resolve().parents[2].parent / "shared" / "data"))
 
 WORDS = "the of and to in a is that for it as was with be by on not he I this are or his from at which".split()
 
@@ -77,7 +81,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as temporary:
         base = Path(temporary) / "base"
-        save_random_gpt2(base)
+        save_model_directory(BenchSettings(tokenizer=str(SHARED_DATA / "gpt2-bpe")), base)
         folders = write_adapters(base, Path(temporary), args.adapters, args.rank)
         llm = LLM.load(base, device="cpu", precision="float32")
         before = current_rss_mb()
@@ -101,7 +105,7 @@ def main() -> None:
         rate = statistics.median(rates)
         print(f"{name:12s} {rate:8.1f} tokens/s  ({rate / base_rate:.2f}x base)  runs {[round(r, 1) for r in rates]}")
     print(f"{args.adapters} adapters rank {args.rank}: {adapter_mb:.2f} MiB of weights, RSS +{added:.1f} MiB on adding")
-    print(f"peak RSS {peak_rss_mb():.0f} MiB")
+    print(f"peak RSS {peak_rss_mib():.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ of --repeats (after a warm-up each):
 - step: one decode step of B rows at positions 64-72 (`DecodeBatch.step`) in the native decoder, and through the model
   with the plain and with the packed weight.
 
-    flock /tmp/bench.lock python benchmarks/bench_float32_rows.py --threads 2
+    flock /tmp/bench.lock python benchmarks/inference/float32_rows.py --threads 2
 """
 
 from __future__ import annotations

@@ -2,12 +2,12 @@
 one row steered, and with every row steered (one vector added at one hook, gpt2.inference.steering).
 
 Steered generation runs the model's PyTorch forward (the hooks are module hooks), so the baseline here is that
-path too (native=False); the native CPU step's own speed is in docs/benchmarks.md. Figures: the median over
+path too (native=False); the native CPU step's own speed is in docs/performance.md. Figures: the median over
 --repeats runs of one generation's time (a 16-token prompt's prefill, then --steps steps) divided by --steps,
 variants interleaved.
 
-    flock /tmp/bench.lock python benchmarks/bench_steering.py                    # 124M shape, B=8
-    flock /tmp/bench.lock python benchmarks/bench_steering.py --batch-size 1 --repeats 3
+    flock /tmp/bench.lock python benchmarks/inspect/steering.py                    # 124M shape, B=8
+    flock /tmp/bench.lock python benchmarks/inspect/steering.py --batch-size 1 --repeats 3
 """
 
 from __future__ import annotations

@@ -2,11 +2,12 @@
 
 Tasks:
 - shakespeare-char: nanoGPT's char-Shakespeare CPU recipe (4 layers, width 128, block 64, batch 12, 2000 steps,
-  AdamW lr 1e-3, cosine) re-created with our training loop (not nanoGPT's code) as `benchmarks/shakespeare_char.py`
-  does: the `shakespeare-char` preset with optimizer=adamw, max_steps=2000; target val 1.8857 (nanoGPT's own
-  final value). The preset as shipped (Muon, 1000 steps) is the variant `preset:` with no overrides.
-- stdlib: the README's main job; the recipe it shipped with until 2026-11-25 (AdamW, learning_rate 2e-3, 1800
-  steps) against the preset as shipped now (Muon, 1000 steps); target val 3.906 (where the AdamW recipe ends).
+  AdamW lr 1e-3, cosine) re-created with our training loop (not nanoGPT's code) as
+  `benchmarks/train/shakespeare_char.py` does: the `shakespeare-char` preset with optimizer=adamw,
+  max_steps=2000; target val 1.8857 (nanoGPT's own final value). The preset as shipped (Muon, 1000 steps) is the
+  variant `preset:` with no overrides.
+- stdlib: the README's main job; an AdamW recipe (learning_rate 2e-3, 1800 steps) against the preset as shipped
+  (Muon, 1000 steps); target val 3.906 (where the AdamW recipe ends).
 
 The figure is the training time to the target: the sum of the step times (metrics.jsonl dt_ms) up to the first
 evaluation at or below the target (evaluation time and data preparation left out, alike for every recipe). On a
@@ -15,8 +16,8 @@ also gives the median step time and the step at the target: their product is the
 machine's steady speed. The data is tokenized once up front. Each variant is `name:key=value,key=value`
 (overrides of the preset).
 
-    flock /tmp/bench.lock python benchmarks/bench_time_to_loss.py --task shakespeare-char
-    flock /tmp/bench.lock python benchmarks/bench_time_to_loss.py --task stdlib --eval-interval 100
+    flock /tmp/bench.lock python benchmarks/train/time_to_loss.py --task shakespeare-char
+    flock /tmp/bench.lock python benchmarks/train/time_to_loss.py --task stdlib --eval-interval 100
 
 Without --variant, a task runs its AdamW baseline (BASELINES) and the preset as shipped (`preset:`).
 """

@@ -6,7 +6,7 @@ prompt of P tokens through the model with a KV cache (`hidden_states`), the laye
 (native product for every row count) and to "always" (the weight dequantized on the fly, then one matrix product),
 alternating; milliseconds, medians of --repeats.
 
-    flock /tmp/bench.lock python benchmarks/bench_prefill_crossover.py --threads 2
+    flock /tmp/bench.lock python benchmarks/inference/prefill_crossover.py --threads 2
 """
 
 from __future__ import annotations

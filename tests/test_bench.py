@@ -1,0 +1,133 @@
+"""`gpt2 bench`: the command surface, the record schema (JSON lines and the markdown table), and the GPU profile's
+steps run dry on a tiny CPU model. No figure is asserted: speed is measured by the tool, never in tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpt2.bench.record import Environment, Recorder, markdown_table, ratio_of
+from gpt2.cli import main
+
+SCHEMA = {"area", "name", "params", "value", "values", "unit", "peer", "peer_value", "peer_values", "ratio",
+          "machine", "torch", "commit", "date", "command"}  # fmt: skip
+TINY = ["--preset", "gpt2-tiny", "--tokenizer", "bytes", "--repetitions", "2", "--warmup", "0"]
+
+
+@pytest.fixture(autouse=True)
+def pytorch_layouts(monkeypatch):
+    """The records' schema does not depend on the decode path: the PyTorch layouts spare each test the native
+    kernels' first build (tests/test_kernels.py covers the kernels)."""
+    monkeypatch.setenv("GPT2_NATIVE_KERNELS", "0")
+
+
+def records(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def test_help_lists_every_area(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    out = capsys.readouterr().out
+    for area in ("decode", "prefill", "serve", "train", "tokenizer", "eval", "finetune", "gpu-profile"):
+        assert f"    {area}" in out
+
+
+def test_decode_prints_one_json_record_per_measurement(capsys):
+    argv = ["bench", "decode", *TINY, "--precisions", "float32,int8", "--batch-sizes", "1,2", "--new-tokens", "4"]
+    assert main(argv) == 0
+    found = records(capsys.readouterr().out)
+    assert [(r["params"]["precision"], r["params"]["batch"]) for r in found] == [
+        ("float32", 1), ("float32", 2), ("int8", 1), ("int8", 2),
+    ]  # fmt: skip
+    for record in found:
+        assert set(record) == SCHEMA
+        assert record["area"] == "decode" and record["unit"] == "tokens/s" and record["value"] > 0
+        assert len(record["values"]) == 2 and record["peer"] is None
+        assert record["command"] == (
+            "gpt2 bench decode --preset gpt2-tiny --tokenizer bytes --repetitions 2 --warmup 0 --precisions "
+            "float32,int8 --batch-sizes 1,2 --new-tokens 4"
+        )
+
+
+def test_decode_md_prints_a_table(capsys):
+    assert main(["bench", "prefill", *TINY, "--precisions", "float32", "--prompt-tokens", "16", "-o", "md"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("| area | measurement |")
+    assert "| prefill | prefill tokens/s | precision=float32, prompt_tokens=16" in out
+
+
+def test_transformers_peer_is_measured_in_the_same_run(capsys):
+    argv = ["bench", "decode", *TINY, "--precisions", "float32", "--new-tokens", "4", "--peer", "transformers"]
+    assert main(argv) == 0
+    (record,) = records(capsys.readouterr().out)
+    assert record["peer"] == "transformers float32"
+    assert len(record["peer_values"]) == 2 and record["peer_value"] > 0
+    assert record["ratio"] == pytest.approx(record["value"] / record["peer_value"], rel=1e-2)
+
+
+def test_save_appends_json_lines(tmp_path, capsys):
+    save = tmp_path / "runs" / "bench.jsonl"
+    argv = ["bench", "eval", *TINY, "--tokens", "200", "--stride", "64", "--batch-size", "2", "--save", str(save)]
+    assert main(argv) == 0
+    assert main(argv) == 0
+    lines = [json.loads(line) for line in save.read_text().splitlines()]
+    assert len(lines) == 2 and all(set(line) == SCHEMA and line["area"] == "eval" for line in lines)
+
+
+def test_ratio_is_above_one_when_ours_is_better():
+    assert ratio_of(200.0, 100.0, "tokens/s") == 2.0  # a rate: ours / theirs
+    assert ratio_of(50.0, 100.0, "ms") == 2.0  # a time: theirs / ours
+    assert ratio_of(50.0, None, "ms") is None
+
+
+def test_markdown_table_gives_range_peer_and_ratio():
+    environment = Environment("cpu", "2.13.0", "abc1234", "2026-11-26", "gpt2 bench decode")
+    recorder = Recorder(environment, output="md")
+    recorder.add("decode", "decode tokens/s", {"batch": 1}, [9.0, 11.0, 10.0], "tokens/s", ("peer x", [5.0, 5.0]))
+    table = markdown_table(recorder.records)
+    assert "| decode | decode tokens/s | batch=1 | 10 | peer x | 5 | 2.00x | 9-11 | tokens/s |" in table
+    assert "abc1234" in table and "`gpt2 bench decode`" in table
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["decode", "--precisions", "float8"], "precision 'float8' is not one of"),
+        (["decode", "--batch-sizes", "1,x"], "expected whole numbers"),
+        (["train", "--nanogpt", "/nonexistent"], "no model.py in /nonexistent"),
+        (["serve", "--llama-server", "/nonexistent"], "no llama-server binary at /nonexistent"),
+        (["decode", "--repetitions", "0"], "repetitions must be at least 1"),
+    ],
+)
+def test_bad_options_give_one_line(argv, message, capsys):
+    assert main(["bench", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_gpu_profile_refuses_a_cpu_without_dry_run(capsys):
+    assert main(["bench", "gpu-profile", *TINY]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_gpu_profile_dry_run_writes_every_step(tmp_path: Path, gpt2_bpe_dir: Path, capsys):
+    """The profile's steps (train with AdamW and Muon, decode at two batch sizes, serve under clients) on a tiny
+    model on the CPU, into a JSON-lines file with one schema."""
+    save = tmp_path / "profile.jsonl"
+    argv = ["bench", "gpu-profile", "--dry-run", "--preset", "gpt2-tiny", "--tokenizer", str(gpt2_bpe_dir), "--save",
+            str(save)]  # fmt: skip
+    assert main(argv) == 0
+    lines = [json.loads(line) for line in save.read_text().splitlines()]
+    assert all(set(line) == SCHEMA for line in lines)
+    seen = {(line["area"], line["name"]) for line in lines}
+    assert {("train", "tokens/s"), ("train", "MFU"), ("decode", "decode tokens/s"), ("serve", "ttft p50"),
+            ("serve", "itl p99"), ("serve", "tokens/s")} <= seen  # fmt: skip
+    optimizers = {line["params"]["optimizer"] for line in lines if line["area"] == "train"}
+    assert optimizers == {"adamw", "muon"}
+    assert {line["params"]["batch"] for line in lines if line["area"] == "decode"} == {1, 4}
+    mfu = next(line for line in lines if line["name"] == "MFU")
+    assert mfu["params"]["peak_tflops"] == 989.0
