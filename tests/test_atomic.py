@@ -1,6 +1,6 @@
 """Atomic writers: a write killed before its rename leaves only a temporary of our own naming, which the next
 write to that path removes once its writer is gone; a live writer's temporary is never touched. The same holds
-for the native kernels' build folder, where a builder killed mid-build used to block every later build."""
+for the native kernels' build folder, so a builder killed mid-build never blocks a later build."""
 
 from __future__ import annotations
 

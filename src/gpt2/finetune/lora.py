@@ -26,6 +26,7 @@ from gpt2.weights.adapters import (
     ADAPTER_WEIGHTS_FILE,
     PEFT_PREFIX,
     LoRAConfig,
+    adapter_directory,
     read_adapter_config,
 )
 
@@ -86,9 +87,7 @@ def find_adapter(directory: str | os.PathLike[str], model: str | os.PathLike[str
     """The adapter folder `directory` names: itself when it holds adapter_config.json, else its `adapter/`
     (where `gpt2 finetune --lora` writes it, beside the merged model). With `model` (what the adapter will be
     applied to): refused when that is the merged output of this very adapter, which would apply it twice."""
-    folder = Path(directory)
-    if not (folder / ADAPTER_CONFIG_FILE).is_file() and (folder / ADAPTER_SUBDIRECTORY / ADAPTER_CONFIG_FILE).is_file():
-        folder = folder / ADAPTER_SUBDIRECTORY
+    folder = adapter_directory(directory)
     if model is None:
         return folder
     beside = Path(model) / ADAPTER_SUBDIRECTORY / ADAPTER_WEIGHTS_FILE
