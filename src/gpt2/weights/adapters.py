@@ -99,7 +99,7 @@ def adapted_layer_shapes(config: GPTConfig, targets: tuple[str, ...]) -> dict[st
     """The (out, in) shape of every layer an adapter on `targets` changes, by module name.
 
     >>> adapted_layer_shapes(GPTConfig.from_name("gpt2-tiny", vocab_size=100), ("c_fc",))["transformer.h.0.mlp.c_fc"]
-    (512, 128)
+    (256, 64)
     """
     C = config.n_embd
     per_block = {"attn.c_attn": (3 * C, C), "attn.c_proj": (C, C), "mlp.c_fc": (4 * C, C), "mlp.c_proj": (C, 4 * C)}
