@@ -164,11 +164,11 @@ class StepGate:
         self.reached = 0  # steps that reached the gate (let through or waiting)
         real_step = DecodeBatch.step
 
-        def gated_step(batch: DecodeBatch, tokens: torch.Tensor) -> torch.Tensor:
+        def gated_step(batch: DecodeBatch, tokens: torch.Tensor, **options: Any) -> torch.Tensor:
             self.reached += 1
             assert self.permits.acquire(timeout=WAIT_SECONDS), "the test never let this step through"
             self.sizes.append(batch.size)
-            return real_step(batch, tokens)
+            return real_step(batch, tokens, **options)
 
         monkeypatch.setattr(DecodeBatch, "step", gated_step)
 

@@ -222,9 +222,9 @@ def test_the_server_steers_each_request_as_offline_and_leaves_plain_ones_as_unst
     steps: list[tuple[int, bool]] = []  # (rows, native) of every decode step
     real_step = DecodeBatch.step
 
-    def recorded(batch: DecodeBatch, tokens: torch.Tensor, *, native: bool = True) -> torch.Tensor:
-        steps.append((batch.size, native))
-        return real_step(batch, tokens, native=native)
+    def recorded(batch: DecodeBatch, tokens: torch.Tensor, *, model: GPT | None = None) -> torch.Tensor:
+        steps.append((batch.size, model is None))  # a model given: its forward, not the native decoder
+        return real_step(batch, tokens, model=model)
 
     monkeypatch.setattr(DecodeBatch, "step", recorded)
     jobs = [(prompt, None) for prompt in prompts] + [(prompts[i % 4], s) for i, s in enumerate(steerings)]

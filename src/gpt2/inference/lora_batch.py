@@ -136,21 +136,47 @@ def _shell(module: M) -> M:
     return shell
 
 
+class RoutedView:
+    """One adapted view of a model whose routing is set for each batch it runs: `with view.rows(adapters) as
+    model` (the model itself when no row has an adapter). One batch at a time holds it: the routing is its state."""
+
+    def __init__(self, model: GPT) -> None:
+        self.model = model
+        self._routing = AdapterRouting()
+        self._view: GPT | None = None  # made on first use
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def rows(self, rows: Sequence[LoRAAdapter | None]) -> Iterator[GPT]:
+        """The model for a batch whose row i takes rows[i] (None: the base model alone), until the block ends."""
+        if all(adapter is None for adapter in rows):
+            yield self.model
+            return
+        device = self.model.transformer.wte.weight.device
+        with self._lock:
+            if self._view is None:
+                self._view = adapted_view(self.model, self._routing)
+            self._routing.groups = AdapterRouting.for_rows(rows, device).groups
+            try:
+                yield self._view
+            finally:
+                self._routing.groups = []
+
+
 class AdapterSet:
     """The adapters loaded for one base model, by name, and the views that run them.
 
     `add` reads and checks an adapter (PEFT's format), `remove` forgets one (a batch already running with it keeps
     its weights: they live as long as something refers to them), `model_for(adapter)` is the model to decode a
     batch whose every row takes one adapter (or none: the base model itself), `routed(rows)` that of a batch
-    mixing them."""
+    mixing them. Adding and removing are safe from any thread (the server loads adapters while it runs)."""
 
     def __init__(self, model: GPT) -> None:
         self.model = model
         self._adapters: dict[str, LoRAAdapter] = {}
         self._views: dict[str, GPT] = {}
-        self._mixed_routing = AdapterRouting()
-        self._mixed_view: GPT | None = None
-        self._mixed_lock = threading.Lock()  # one mixed batch at a time: its routing is the view's state
+        self._mixed = RoutedView(model)
+        self._lock = threading.Lock()
 
     @property
     def names(self) -> list[str]:
@@ -166,17 +192,20 @@ class AdapterSet:
         """Load the adapter in `directory` under `name` (errors: DuplicateAdapterError, and read_lora_adapter's)."""
         if not name or not isinstance(name, str):
             raise ValueError(f"an adapter needs a non-empty name, got {name!r}")
-        if name in self._adapters:
-            raise DuplicateAdapterError(f"an adapter named {name!r} is already loaded; pick another name")
-        adapter = read_lora_adapter(directory, self.model.config, name)
-        self._adapters[name] = adapter
-        return adapter
+        with self._lock:
+            if name in self._adapters:
+                raise DuplicateAdapterError(f"an adapter named {name!r} is already loaded; pick another name")
+            adapter = read_lora_adapter(directory, self.model.config, name)
+            adapter = adapter.to(self.model.transformer.wte.weight.device)
+            self._adapters[name] = adapter
+            return adapter
 
     def remove(self, name: str) -> LoRAAdapter:
-        adapter = self.get(name)
-        del self._adapters[name]
-        self._views.pop(name, None)
-        return adapter
+        with self._lock:
+            adapter = self.get(name)
+            del self._adapters[name]
+            self._views.pop(name, None)
+            return adapter
 
     def get(self, name: str) -> LoRAAdapter:
         """The adapter called `name`; UnknownAdapterError naming the loaded ones otherwise."""
@@ -209,16 +238,8 @@ class AdapterSet:
     def routed(self, rows: Sequence[LoRAAdapter | None]) -> Iterator[GPT]:
         """The model for a batch whose row i takes rows[i]; a batch mixing adapters holds the mixed view (one
         such batch at a time) until the block ends."""
-        distinct = {id(adapter): adapter for adapter in rows}
-        if len(distinct) == 1:
+        if len({id(adapter) for adapter in rows}) == 1:
             yield self.model_for(rows[0])
             return
-        device = self.model.transformer.wte.weight.device
-        with self._mixed_lock:
-            if self._mixed_view is None:
-                self._mixed_view = adapted_view(self.model, self._mixed_routing)
-            self._mixed_routing.groups = AdapterRouting.for_rows(rows, device).groups
-            try:
-                yield self._mixed_view
-            finally:
-                self._mixed_routing.groups = []
+        with self._mixed.rows(rows) as model:
+            yield model

@@ -19,6 +19,9 @@ to the rounding of the batched reductions.
   prompt's blocks are stored. In a join_many the rows feed equally many tokens (the most any row has left,
   r): a row with fewer left recomputes some of its cached tokens (it reuses P_i - r of them). A join that wants
   every position's logits (prompt scoring) uses no cached prefix, since it needs a prefill of every token.
+- Views: a prefill or step may run a view over the model's weights instead of the model itself (`model=`: the
+  rows' LoRA adapters added, gpt2.inference.lora_batch), writing the same cache; such prompts' blocks go in the
+  prefix cache under their adapter's namespace, as their keys and values are the adapter's.
 - Chunked prefill (ChunkedPrefill, from start_prefill): a long prompt is prefilled a chunk at a time in a cache of
   its own, outside the batch, so the rows can step between its chunks (the engine decides how much each turn
   feeds); join_prefilled then seats it like a join, copying its keys and values in (no forward). Outside the batch,
@@ -88,36 +91,59 @@ class DecodeBatch:
         return self._lengths[: self.size]
 
     @torch.no_grad()
-    def join(self, prompt: Sequence[int], *, all_logits: bool = False, cached: bool = True) -> torch.Tensor:
+    def join(
+        self,
+        prompt: Sequence[int],
+        *,
+        all_logits: bool = False,
+        cached: bool = True,
+        namespace: bytes = b"",
+        model: GPT | None = None,
+    ) -> torch.Tensor:
         """Add a sequence as row B (returned by `size - 1` afterwards); its prompt goes into the cache.
 
         Returns the logits of the token after the prompt (V,), or with all_logits every prompt position's
         logits (P, V) (row t predicts token t + 1). The prompt must be ids of the model's vocabulary and leave
         room for a token: 1 <= P < block_size. cached=False: the prefix cache is neither read nor written (a
-        steered prompt's keys and values are not an unsteered one's, nor the reverse).
+        steered prompt's keys and values are not an unsteered one's, nor the reverse); `namespace`: the prefix
+        cache's namespace of the prompt (a LoRA adapter's key). `model`: the forward to prefill with, a view over
+        the batch model's weights (an adapted one, gpt2.inference.lora_batch); by default the batch's model.
         """
-        return self._prefill([prompt], all_logits=all_logits, cached=cached)[0]
+        return self._prefill([prompt], all_logits=all_logits, cached=cached, namespaces=[namespace], model=model)[0]
 
     @torch.no_grad()
-    def join_many(self, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
+    def join_many(
+        self, prompts: Sequence[Sequence[int]], *, namespaces: Sequence[bytes] | None = None, model: GPT | None = None
+    ) -> torch.Tensor:
         """Add several sequences as rows B, B + 1, ... with one batched prefill; returns the logits of the token
         after each prompt (n, V). What joining them one by one gives, up to the rounding of the batched matmuls:
         each prompt is left-padded to the longest (n, P_max) with its own mask and positions, so it lands
         right-aligned in its row's columns like a lone join. One forward over n * P_max rows runs faster than n
-        small ones (far faster where matmuls over many rows have fast kernels: bf16, int8 prefills)."""
-        return self._prefill(prompts)
+        small ones (far faster where matmuls over many rows have fast kernels: bf16, int8 prefills).
+        `namespaces` (one per prompt) and `model` as in `join`."""
+        return self._prefill(prompts, namespaces=namespaces or [b""] * len(prompts), model=model)
 
     def _prefill(
-        self, prompts: Sequence[Sequence[int]], *, all_logits: bool = False, cached: bool = True
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        namespaces: Sequence[bytes],
+        all_logits: bool = False,
+        cached: bool = True,
+        model: GPT | None = None,
     ) -> torch.Tensor:
         """join / join_many: seat the prompts, copy their cached prefixes, prefill the rest (module docstring).
         Returns (n, V), or with all_logits (one prompt only) (1, P, V)."""
         assert not all_logits or len(prompts) == 1, "all_logits is for a lone join"
+        model = model or self.model
         n, lengths = len(prompts), [len(prompt) for prompt in prompts]
         first = self.size
         L, longest = self._seat(lengths), max(lengths)
         prefix_cache = self.prefix_cache if cached else None
-        prefixes = [reusable_prefix(prefix_cache, prompt, all_logits=all_logits) for prompt in prompts]
+        prefixes = [
+            reusable_prefix(prefix_cache, prompt, all_logits=all_logits, namespace=namespace)
+            for prompt, namespace in zip(prompts, namespaces, strict=True)
+        ]
         r = max(P - prefix.length for P, prefix in zip(lengths, prefixes, strict=True))  # tokens each row feeds
         reused = [max(P - r, 0) for P in lengths]  # <= each prefix's length, as P - r <= P - (P - length)
         for row, (P, prefix, count) in enumerate(zip(lengths, prefixes, reused, strict=True), start=first):
@@ -135,22 +161,26 @@ class DecodeBatch:
         if n > 1:
             mask = self._mask[rows, L - longest : L]  # (n, P_max): what _seat marked, each prompt right-aligned
             positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, longest - r :]  # (n, r): each prompt's own
-        hidden = self.model.hidden_states(
+        hidden = model.hidden_states(
             ids, attention_mask=mask, position_ids=positions, kv_cache=view, validate=False
         )  # (n, r, C)
         if prefix_cache is not None:
-            for row, (prompt, P, count) in enumerate(zip(prompts, lengths, reused, strict=True), start=first):
-                prefix_cache.insert(prompt, self._k[:, row, :, L - P : L], self._v[:, row, :, L - P : L])
+            stored = zip(prompts, lengths, reused, namespaces, strict=True)
+            for row, (prompt, P, count, namespace) in enumerate(stored, start=first):
+                prefix_cache.insert(prompt, self._k[:, row, :, L - P : L], self._v[:, row, :, L - P : L], namespace)
                 if not all_logits:  # a scored prompt was not looked up
                     prefix_cache.record(queried=P, reused=count)
         self.size += n
-        return self.model.lm_head(hidden if all_logits else hidden[:, -1])
+        return model.lm_head(hidden if all_logits else hidden[:, -1])
 
-    def start_prefill(self, prompt: Sequence[int], *, all_logits: bool = False, cached: bool = True) -> ChunkedPrefill:
+    def start_prefill(
+        self, prompt: Sequence[int], *, all_logits: bool = False, cached: bool = True, namespace: bytes = b""
+    ) -> ChunkedPrefill:
         """A prompt to prefill a chunk at a time outside the batch (ChunkedPrefill), with this batch's model and
-        prefix cache (cached=False: without it); `join_prefilled` seats it once every token is in."""
+        prefix cache (cached=False: without it; `namespace` as in `join`); `join_prefilled` seats it once every
+        token is in."""
         prefix_cache = self.prefix_cache if cached else None
-        return ChunkedPrefill(self.model, prompt, prefix_cache=prefix_cache, all_logits=all_logits)
+        return ChunkedPrefill(self.model, prompt, prefix_cache=prefix_cache, all_logits=all_logits, namespace=namespace)
 
     @torch.no_grad()
     def join_prefilled(self, prefill: ChunkedPrefill) -> None:
@@ -165,9 +195,10 @@ class DecodeBatch:
         self.size += 1
 
     @torch.no_grad()
-    def step(self, tokens: torch.Tensor, *, native: bool = True) -> torch.Tensor:
-        """Feed each active row its next token, tokens (B,) -> next-token logits (B, V). native=False runs the
-        model's own forward even where the native decoder could (steering's hooks are the model's)."""
+    def step(self, tokens: torch.Tensor, *, model: GPT | None = None) -> torch.Tensor:
+        """Feed each active row its next token, tokens (B,) -> next-token logits (B, V). `model`: run this
+        model's own forward (a view over the batch model's weights, or the batch's model itself when steering's
+        hooks must run) instead of the native decoder (which runs the batch's model where it can)."""
         B = self.size
         assert tokens.shape == (B,) and B > 0, f"step wants one token per active row ({B}), got {tuple(tokens.shape)}"
         self._make_room()
@@ -178,10 +209,10 @@ class DecodeBatch:
         positions = torch.tensor(lengths, device=self._k.device)  # (B,): each row's next position
         # no padding at all (every row fills every column): the plain causal path, as a lone sequence
         key_mask = None if min(lengths) == L else self._mask[:B, : L + 1]  # (B, L + 1)
-        if native and self.decoder is not None and self.decoder.takes(B):
+        if model is None and self.decoder is not None and self.decoder.takes(B):
             logits = self.decoder.step(tokens, cache, positions=positions, key_mask=key_mask)  # (B, V)
         else:
-            logits = self.model(
+            logits = (model or self.model)(
                 tokens.view(B, 1).to(self._k.device),
                 attention_mask=key_mask,
                 position_ids=positions.view(B, 1),
@@ -315,6 +346,7 @@ class ChunkedPrefill:
         *,
         prefix_cache: PrefixCache | None = None,
         all_logits: bool = False,
+        namespace: bytes = b"",
     ) -> None:
         P, block_size = len(prompt), model.config.block_size
         if not 0 < P <= block_size:
@@ -323,8 +355,9 @@ class ChunkedPrefill:
         self.prompt = tuple(prompt)
         self.all_logits = all_logits
         self.prefix_cache = prefix_cache
+        self.namespace = namespace
         self._cache = model.new_kv_cache(1, max_len=P)  # its length: the tokens whose keys and values are in
-        prefix = reusable_prefix(prefix_cache, prompt, all_logits=all_logits)
+        prefix = reusable_prefix(prefix_cache, prompt, all_logits=all_logits, namespace=namespace)
         if prefix.length > 0:  # (n_layer, nh, length, hs)
             prefix.copy_into(self._cache.k[:, 0, :, : prefix.length], self._cache.v[:, 0, :, : prefix.length])
             self._cache.length = prefix.length
@@ -342,17 +375,19 @@ class ChunkedPrefill:
         return len(self.prompt) - self._cache.length
 
     @torch.no_grad()
-    def advance(self, tokens: int) -> torch.Tensor:
-        """Prefill the next `tokens` prompt tokens (1 to `remaining`). Returns logits of the positions fed: every
+    def advance(self, tokens: int, model: GPT | None = None) -> torch.Tensor:
+        """Prefill the next `tokens` prompt tokens (1 to `remaining`), with `model` (a view over the same weights,
+        as in `DecodeBatch.join`; by default the prefill's model). Returns logits of the positions fed: every
         one with all_logits (tokens, V) (row t predicts the token after position done + t), else the last (1, V)
         (after the prompt's last token: the first token's logits)."""
+        model = model or self.model
         assert 0 < tokens <= self.remaining, f"{tokens} tokens asked of a prompt with {self.remaining} left"
         start = self._cache.length
         ids = torch.tensor([self.prompt[start : start + tokens]], dtype=torch.long, device=self._cache.k.device)
-        hidden = self.model.hidden_states(ids, kv_cache=self._cache, validate=False)[0]  # (tokens, C)
+        hidden = model.hidden_states(ids, kv_cache=self._cache, validate=False)[0]  # (tokens, C)
         if self.remaining == 0 and self.prefix_cache is not None:
-            self.prefix_cache.insert(self.prompt, *self.keys_values())
-        return self.model.lm_head(hidden if self.all_logits else hidden[-1:])
+            self.prefix_cache.insert(self.prompt, *self.keys_values(), self.namespace)
+        return model.lm_head(hidden if self.all_logits else hidden[-1:])
 
     def keys_values(self) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of the tokens prefilled so far, each (n_layer, nh, done, hs)."""
@@ -360,9 +395,12 @@ class ChunkedPrefill:
         return self._cache.k[:, 0, :, :done], self._cache.v[:, 0, :, :done]
 
 
-def reusable_prefix(prefix_cache: PrefixCache | None, prompt: Sequence[int], *, all_logits: bool) -> CachedPrefix:
-    """The cached prefix a prompt may reuse: at most P - 1 tokens (the last is prefilled for its logits); none
-    without a cache or when every position's logits are wanted (they need a prefill of every token)."""
+def reusable_prefix(
+    prefix_cache: PrefixCache | None, prompt: Sequence[int], *, all_logits: bool, namespace: bytes = b""
+) -> CachedPrefix:
+    """The cached prefix a prompt may reuse (in the prefix cache's `namespace`): at most P - 1 tokens (the last
+    is prefilled for its logits); none without a cache or when every position's logits are wanted (they need a
+    prefill of every token)."""
     if prefix_cache is None or all_logits:
         return CachedPrefix()
-    return prefix_cache.lookup(prompt[:-1])
+    return prefix_cache.lookup(prompt[:-1], namespace)

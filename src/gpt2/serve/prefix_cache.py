@@ -5,8 +5,10 @@ skips prefilling them (vLLM's automatic prefix caching, llama-server's prompt re
 Notation: n_layer layers, nh heads, hs = head size, T = tokens, B = BLOCK_TOKENS.
 
 Keys. Block i of a prompt (its tokens [i * B, (i + 1) * B)) is stored under a hash chain, as vLLM keys its blocks:
-key_i = H(key_{i-1}, tokens of block i). A key thus names every token up to the block's end, and that is all its
-K/V depend on: the batch feeds each sequence its own position ids 0, 1, ... whatever column it sits in
+key_i = H(key_{i-1}, tokens of block i), from key_{-1} = the prompt's namespace (b"" for the base model; a LoRA
+adapter's own key for a prompt decoded with it, whose K/V the adapter changes: gpt2.inference.lora_batch). A key
+thus names the namespace and every token up to the block's end, and that is all its K/V depend on: the batch
+feeds each sequence its own position ids 0, 1, ... whatever column it sits in
 (gpt2.serve.batch), so a prefix's K/V are the same in every prompt that starts with it. H is 128-bit BLAKE2b: two
 prefixes sharing a key (which would serve one the other's K/V) is not a practical concern. A prompt's last, partial
 block (its T mod B last tokens) is stored too, under the same chain over its fewer tokens.
@@ -56,7 +58,7 @@ class _Block:
     k: torch.Tensor  # (n_layer, nh, tokens, hs), a view of the slot: B tokens, or fewer in a prompt's last block
     v: torch.Tensor
     tokens: tuple[int, ...]  # the block's own tokens
-    parent: bytes  # the key of the block before it (b"" for a first block)
+    parent: bytes  # the key of the block before it (the namespace for a first block)
     evicted: bool = False  # its slot is free, or holds another block now
 
 
@@ -130,13 +132,14 @@ class PrefixCache:
         """Bytes of the blocks held (a partial block counts whole: it takes a block of the pool)."""
         return len(self._blocks) * self.block_bytes
 
-    def lookup(self, tokens: Sequence[int]) -> CachedPrefix:
-        """The longest cached prefix of `tokens`: whole blocks down the chain, then the first tokens of a block
-        stored under the last one found, as many as agree (module docstring). Its blocks become the most recent."""
+    def lookup(self, tokens: Sequence[int], namespace: bytes = b"") -> CachedPrefix:
+        """The longest cached prefix of `tokens` in `namespace`: whole blocks down the chain, then the first tokens
+        of a block stored under the last one found, as many as agree (module docstring). Its blocks become the most
+        recent."""
         B = self.block_tokens
         found: list[bytes] = []
-        length, parent = 0, b""
-        for key in self._keys(tokens, len(tokens) // B):
+        length, parent = 0, namespace
+        for key in self._keys(tokens, len(tokens) // B, namespace):
             if key not in self._blocks:
                 break
             found.append(key)
@@ -174,17 +177,17 @@ class PrefixCache:
         )
         self._free = list(reversed(range(capacity)))
 
-    def insert(self, tokens: Sequence[int], k: torch.Tensor, v: torch.Tensor) -> None:
+    def insert(self, tokens: Sequence[int], k: torch.Tensor, v: torch.Tensor, namespace: bytes = b"") -> None:
         """Keep the blocks of a prefilled prompt, its last partial one too: `tokens` (T) and their K, V
-        (n_layer, nh, T, hs), copied into the pool. Blocks already held are only used; a prompt with more blocks
-        than the pool keeps its first ones."""
+        (n_layer, nh, T, hs), copied into the pool, under `namespace`. Blocks already held are only used; a prompt
+        with more blocks than the pool keeps its first ones."""
         T, B = len(tokens), self.block_tokens
         assert k.shape == v.shape and k.shape[2] == T, f"K/V {tuple(k.shape)} do not match {T} tokens"
         self.reserve(k.shape[0], k.shape[1], k.shape[3], dtype=k.dtype, device=k.device)
         assert self._pool is not None
         k_pool, v_pool = self._pool
         keys: list[bytes] = []
-        parent = b""
+        parent = namespace
         for start in range(0, T, B):
             if len(keys) == self.capacity:
                 break  # the prompt's blocks so far fill the pool; the most recent, they are never evicted here
@@ -211,9 +214,9 @@ class PrefixCache:
         self.queries += queried
         self.hits += reused
 
-    def _keys(self, tokens: Sequence[int], count: int) -> list[bytes]:
-        """The hash-chain keys of the first `count` whole blocks of `tokens`."""
-        keys, key = [], b""
+    def _keys(self, tokens: Sequence[int], count: int, namespace: bytes) -> list[bytes]:
+        """The hash-chain keys of the first `count` whole blocks of `tokens` in `namespace`."""
+        keys, key = [], namespace
         for i in range(count):
             key = self._key(key, tokens[i * self.block_tokens : (i + 1) * self.block_tokens])
             keys.append(key)

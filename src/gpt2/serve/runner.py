@@ -6,6 +6,10 @@ the logits processors its SamplingParams asks for (penalties, bias, bans, minimu
 gpt2.inference.processors, the same the offline decoder applies) and `sample_next_token` with the row's own
 generator (seeded: the tokens a lone `LLM.generate` call with that seed draws).
 
+A row's LoRA adapter (`SequenceRequest.adapter`) and steering are properties of the row: a forward over rows with
+any of them runs the model's layers with each row's own low-rank update added (one batch, gpt2.inference.lora_batch)
+and each row's interventions hooked; a forward over plain rows keeps the native decoder.
+
 Each drawn token goes to `commit` (gpt2.serve.output) at once, so a first token leaves before the turn's decode
 step; finished sequences leave the batch at `release`.
 
@@ -17,11 +21,13 @@ outside the batch (gpt2.serve.batch.ChunkedPrefill), in chunks when long, each c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
 
+from gpt2.inference.lora_batch import RoutedView
 from gpt2.inference.processors import apply_processors
 from gpt2.inference.sampling import sample_next_token
 from gpt2.inference.speculative import Drafter, Sampler, SpeculationStats, Speculator, draft_length
@@ -72,6 +78,7 @@ class Runner:
         self.drafter = drafter  # None: no speculative steps
         self.speculation = SpeculationStats()  # drafted and accepted tokens of every speculative step
         self._speculator = None if drafter is None else Speculator(_LoneRow(self.batch), drafter, self.speculation)
+        self._adapted = RoutedView(model)  # the rows' LoRA adapters on the model's weights
         self._drafting: SequenceState | None = None  # the sequence the drafter's state follows
 
     @property
@@ -93,26 +100,40 @@ class Runner:
         prompt = sequence.request.prompt
         if sequence.request.steering:  # a steered prompt reuses no cached prefix
             return len(prompt)
-        prefix = reusable_prefix(self.batch.prefix_cache, prompt, all_logits=bool(sequence.request.prompt_logprobs))
+        all_logits = bool(sequence.request.prompt_logprobs)
+        prefix = reusable_prefix(self.batch.prefix_cache, prompt, all_logits=all_logits, namespace=sequence.namespace)
         return len(prompt) - prefix.length
 
     # ------------------------------------------------------------------------------------ prefill
+    @contextmanager
+    def _forward(self, sequences: Sequence[SequenceState]) -> Iterator[GPT | None]:
+        """The forward that runs these rows, until the block ends: None (the batch's model, through the native
+        decoder where it can) unless a row has an adapter (the adapted view, each row's update added) or steering
+        (the model's forward under the rows' hooks, which the view's layers, the model's own, run as well)."""
+        steering = [sequence.request.steering for sequence in sequences]
+        with steer(self.model, steering), self._adapted.rows([s.request.adapter for s in sequences]) as model:
+            yield None if model is self.model and not any(steering) else model
+
     @torch.no_grad()
     def admit(self, sequences: Sequence[SequenceState]) -> None:
-        """Prefill plain prompts into their rows (several in one batched prefill; a steered one alone, under its
-        interventions and past the prefix cache), then draw their first tokens."""
+        """Prefill plain prompts into their rows (several in one batched prefill, each with its adapter; a steered
+        one alone, under its interventions and past the prefix cache), then draw their first tokens."""
         plain = [sequence for sequence in sequences if not sequence.request.steering]
         steered = [sequence for sequence in sequences if sequence.request.steering]
         parts = []
-        if len(plain) == 1:
-            parts.append(self.batch.join(plain[0].request.prompt).unsqueeze(0))  # (1, V)
-        elif plain:
-            parts.append(self.batch.join_many([sequence.request.prompt for sequence in plain]))  # (n, V)
+        with self._forward(plain) as model:
+            namespaces = [sequence.namespace for sequence in plain]
+            if len(plain) == 1:
+                joined = self.batch.join(plain[0].request.prompt, namespace=namespaces[0], model=model)
+                parts.append(joined.unsqueeze(0))  # (1, V)
+            elif plain:
+                prompts = [sequence.request.prompt for sequence in plain]
+                parts.append(self.batch.join_many(prompts, namespaces=namespaces, model=model))  # (n, V)
         for sequence in plain:
             self._seat(sequence)
         for sequence in steered:
-            with steer(self.model, [sequence.request.steering]):
-                parts.append(self.batch.join(sequence.request.prompt, cached=False).unsqueeze(0))
+            with self._forward([sequence]) as model:
+                parts.append(self.batch.join(sequence.request.prompt, cached=False, model=model).unsqueeze(0))
             self._seat(sequence)
         self.sample([*plain, *steered], torch.cat(parts))
 
@@ -121,7 +142,10 @@ class Runner:
         fed this turn."""
         request = sequence.request
         sequence.prefill = self.batch.start_prefill(
-            request.prompt, all_logits=request.prompt_logprobs, cached=not request.steering
+            request.prompt,
+            all_logits=request.prompt_logprobs,
+            cached=not request.steering,
+            namespace=sequence.namespace,
         )
         self.prefilling = sequence
         return self.feed(sequence, min(first_chunk, sequence.prefill.remaining))
@@ -129,7 +153,8 @@ class Runner:
     def score_whole(self, sequence: SequenceState) -> int:
         """Prefill a scored prompt in one chunk (outside the batch); returns the tokens fed."""
         request = sequence.request
-        sequence.prefill = self.batch.start_prefill(request.prompt, all_logits=True, cached=not request.steering)
+        sequence.prefill = self.batch.start_prefill(request.prompt, all_logits=True, cached=not request.steering,
+                                                    namespace=sequence.namespace)  # fmt: skip
         return self.feed(sequence, sequence.prefill.remaining)
 
     @torch.no_grad()
@@ -140,8 +165,8 @@ class Runner:
         prefill, request = sequence.prefill, sequence.request
         assert prefill is not None
         start = prefill.done
-        with steer(self.model, [request.steering]):  # no hooks when it has none
-            logits = prefill.advance(tokens)  # (tokens, V) when scoring, else (1, V): the last position's
+        with self._forward([sequence]) as model:
+            logits = prefill.advance(tokens, model)  # (tokens, V) when scoring, else (1, V): the last position's
         if request.prompt_logprobs:
             sequence.prompt_logprobs += self._score(request.prompt, logits, start, request.logprobs or 0)
         if prefill.remaining > 0:
@@ -172,12 +197,9 @@ class Runner:
             self._speculate(self.rows[0], self._speculator)
             return
         tokens = torch.tensor([sequence.pending for sequence in self.rows], dtype=torch.long)
-        if not any(sequence.request.steering for sequence in self.rows):
-            self.sample(list(self.rows), self.batch.step(tokens))
-            return
-        # steered rows: the model's forward with each row's interventions (a row without any is left as it is)
-        with steer(self.model, [sequence.request.steering for sequence in self.rows]):
-            self.sample(list(self.rows), self.batch.step(tokens, native=False))
+        with self._forward(self.rows) as model:  # a row without steering or an adapter is left as it is
+            logits = self.batch.step(tokens, model=model)
+        self.sample(list(self.rows), logits)
 
     def _speculate(self, sequence: SequenceState, speculator: Speculator) -> None:
         """One speculative step of the lone row (`Speculator.step`, the offline stream's step): drafts, one

@@ -24,6 +24,7 @@ from gpt2.inference.steering import Intervention
 from gpt2.inference.text import TextAssembler
 from gpt2.serve.batch import ChunkedPrefill
 from gpt2.tokenizer.protocol import TextTokenizer
+from gpt2.weights.adapters import LoRAAdapter
 
 MAX_TOP_LOGPROBS = 20  # alternatives per token at most (OpenAI's chat limit)
 
@@ -74,6 +75,10 @@ class SequenceRequest:
     steering: tuple[Intervention, ...] = ()
     """Interventions applied to this row's forwards (gpt2.inference.steering); its prompt bypasses the prefix
     cache and it never speculates."""
+    adapter: LoRAAdapter | None = None
+    """The LoRA adapter this row decodes with (gpt2.inference.lora_batch; None: the base model). The request holds
+    it, so a sequence keeps its adapter to the end even when the server unloads it meanwhile; its prompt's blocks
+    go in the prefix cache under the adapter's key, and it never speculates."""
 
     def __post_init__(self) -> None:
         if self.logprobs is not None and (not is_integer(self.logprobs) or not 0 <= self.logprobs):
@@ -179,9 +184,12 @@ class SequenceState:
         if self.processors:
             self.token_ids = torch.tensor([self.tokens + [0] * max_new], dtype=torch.long, device=device)
         # speculative steps may serve it (the one rule of gpt2.inference.speculative.speculates)
-        self.speculative = not request.steering and speculates(
-            request.params, rules=bool(self.processors), logprobs=request.logprobs is not None
+        self.speculative = (
+            not request.steering
+            and request.adapter is None
+            and speculates(request.params, rules=bool(self.processors), logprobs=request.logprobs is not None)
         )
+        self.namespace = b"" if request.adapter is None else request.adapter.key  # in the prefix cache
         self.generator = torch.Generator(device=device)
         if params.seed is not None:
             self.generator.manual_seed(params.seed)

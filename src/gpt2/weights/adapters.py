@@ -13,6 +13,8 @@ folder, the fine-tune's OUT folder itself, or what PEFT's `save_pretrained` writ
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -120,6 +122,10 @@ class LoRAAdapter:
     config: LoRAConfig
     layers: dict[str, tuple[torch.Tensor, torch.Tensor]]
     source: Path
+    key: bytes
+    """A digest of what the adapter computes (its scaling, layers, A and B): what the server's prefix cache keys
+    the blocks of prompts decoded with it under, so no other adapter (nor one loaded again under this name with
+    other weights) reuses them."""
 
     @property
     def scaling(self) -> float:
@@ -128,6 +134,13 @@ class LoRAAdapter:
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes + b.nbytes for a, b in self.layers.values())
+
+    def to(self, device: torch.device) -> LoRAAdapter:
+        """The adapter with its weights on `device` (itself when they are there)."""
+        if all(a.device == device for a, _ in self.layers.values()):
+            return self
+        layers = {layer: (a.to(device), b.to(device)) for layer, (a, b) in self.layers.items()}
+        return dataclasses.replace(self, layers=layers)
 
 
 def read_lora_adapter(directory: str | os.PathLike[str], config: GPTConfig, name: str) -> LoRAAdapter:
@@ -169,4 +182,13 @@ def read_lora_adapter(directory: str | os.PathLike[str], config: GPTConfig, name
                 f"{(out_features, lora.rank)}; the adapter was made for another base model or rank"
             )
         layers[layer] = (a.float().contiguous(), b.float().contiguous())
-    return LoRAAdapter(name=name, config=lora, layers=layers, source=folder)
+    return LoRAAdapter(name=name, config=lora, layers=layers, source=folder, key=_digest(lora.scaling, layers))
+
+
+def _digest(scaling: float, layers: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> bytes:
+    digest = hashlib.blake2b(repr(scaling).encode(), digest_size=16)
+    for layer, (a, b) in sorted(layers.items()):
+        digest.update(layer.encode())
+        digest.update(a.numpy().tobytes())
+        digest.update(b.numpy().tobytes())
+    return digest.digest()
