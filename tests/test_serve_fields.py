@@ -251,31 +251,51 @@ metric_list:
 """
 
 
-def test_lm_eval_perplexity_over_text_requests_equals_over_token_requests(model_dir, tmp_path, monkeypatch):
+@pytest.mark.slow
+def test_lm_eval_perplexity_over_text_requests_equals_over_token_requests_and_hf(model_dir, tmp_path, monkeypatch):
     """lm-evaluation-harness's `local-completions` with tokenized_requests=False sends rolling windows as text,
     each starting with <|endoftext|>: read as the special token, the perplexity equals that of the same windows
-    sent as token ids."""
+    sent as token ids, and that of lm-eval's `hf` model on the same weights at the equal window size. The rule:
+    `local-completions` with max_length N cuts windows of N - 2 tokens (one kept for the generated token, one more
+    in its rolling windows), as `hf` does with max_length N - 2; text requests score those windows when each
+    window's text re-encodes to its ids, as it does here (a window ending between two tokens that BPE merges at
+    the end of a text, e.g. "\\n" "\\n" into "\\n\\n", re-encodes to other ids)."""
     lm_eval = pytest.importorskip("lm_eval")
+    pytest.importorskip("transformers")
     from lm_eval.tasks import TaskManager
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+    from transformers import AutoTokenizer
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     text = "The cat sat on the mat, and the dog lay by the door while the rain fell on the roof. " * 6
+    docs = [text[i:] for i in (0, 40)]
     data = tmp_path / "docs.jsonl"
-    data.write_text("".join(json.dumps({"text": text[i:]}) + "\n" for i in (0, 40)), encoding="utf-8")
+    data.write_text("".join(json.dumps({"text": doc}) + "\n" for doc in docs), encoding="utf-8")
     (tmp_path / "task.yaml").write_text(PERPLEXITY_TASK.format(data=data), encoding="utf-8")
+    max_length = 64  # the tiny model's block size: a 62-token window, then the one generated token
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    for doc in docs:  # every window's text re-encodes to the window's ids
+        for pair in get_rolling_token_windows(tokenizer.encode(doc), tokenizer.eos_token_id, max_length - 2, 1):
+            context, continuation = make_disjoint_window(pair)
+            assert tokenizer.encode(tokenizer.decode(context + continuation)) == context + continuation
 
-    def perplexity(port: int, tokenized: bool) -> dict[str, float]:
-        model_args = {
-            "base_url": f"http://127.0.0.1:{port}/v1/completions", "model": MODEL, "tokenizer_backend": "huggingface",
-            "tokenizer": str(model_dir), "tokenized_requests": tokenized, "max_length": 64, "max_retries": 1,
-        }  # fmt: skip
-        results = lm_eval.simple_evaluate(model="local-completions", model_args=model_args,
-                                          tasks=["gpt2_local_perplexity"],
-                                          task_manager=TaskManager(include_path=str(tmp_path)))  # fmt: skip
+    tasks = TaskManager(include_path=str(tmp_path))  # indexes lm-eval's own tasks too: built once
+
+    def perplexity(model: str, model_args: dict[str, Any]) -> dict[str, float]:
+        results = lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=["gpt2_local_perplexity"],
+                                          task_manager=tasks)  # fmt: skip
         return results["results"]["gpt2_local_perplexity"]
 
+    def served(port: int, tokenized: bool) -> dict[str, float]:
+        return perplexity("local-completions", {
+            "base_url": f"http://127.0.0.1:{port}/v1/completions", "model": MODEL, "tokenizer_backend": "huggingface",
+            "tokenizer": str(model_dir), "tokenized_requests": tokenized, "max_length": max_length, "max_retries": 1,
+        })  # fmt: skip
+
     with running(model_dir) as port:
-        as_text, as_ids = perplexity(port, tokenized=False), perplexity(port, tokenized=True)
+        as_text, as_ids = served(port, tokenized=False), served(port, tokenized=True)
+    hf = perplexity("hf", {"pretrained": str(model_dir), "max_length": max_length - 2, "device": "cpu"})
     for metric in ("word_perplexity,none", "byte_perplexity,none", "bits_per_byte,none"):
         assert as_text[metric] == pytest.approx(as_ids[metric], rel=1e-9), metric
+        assert as_text[metric] == pytest.approx(hf[metric], rel=1e-6), metric  # float32 sums on either side
