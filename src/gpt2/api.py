@@ -121,13 +121,12 @@ class LLM:
         the rest decode as usual, so a seeded sampled request gives the same text with or without speculation.
         adapter: the name of a loaded LoRA adapter to decode with (default: the model alone).
         steering: interventions applied while generating (gpt2.inference.steering; on the PyTorch path, without
-        speculation; not together with an adapter)."""
+        speculation; with an adapter too: the adapter's view runs the model's own hooked layers)."""
         params = params or SamplingParams()
         model = self.adapters.model_for(self.adapters.resolve(adapter, 1)[0])
         if steering:
-            _check_steering_alone(adapter)
             plan = [parse_steering(steering, self.model)]
-            pieces = stream_text(self.model, self.tokenizer, prompt, params, **{**engine_options, **STEERED_ENGINE})
+            pieces = stream_text(model, self.tokenizer, prompt, params, **{**engine_options, **STEERED_ENGINE})
             return steered_stream(self.model, plan, pieces)
         drafter = self._drafter(params)
         if drafter is not None:
@@ -182,7 +181,7 @@ class LLM:
         beams. adapter: a loaded LoRA adapter's name for every prompt, or one name (or None: the model alone)
         per prompt; prompts with different adapters still decode in one batch (gpt2.inference.lora_batch).
         steering: interventions applied to every continuation (gpt2.inference.steering), e.g.
-        `[{"hook": "blocks.6.hook_resid_pre", "vector": direction, "scale": 4.0}]`; not together with an adapter.
+        `[{"hook": "blocks.6.hook_resid_pre", "vector": direction, "scale": 4.0}]`, with or without adapters.
 
         A text prompt is plain text: a special-token text such as '<|endoftext|>' in it is encoded character by
         character (tiktoken's rule). To put the special token in, pass ids, e.g.
@@ -190,30 +189,27 @@ class LLM:
         prompts, as vLLM does)."""
         params = params or SamplingParams()
         batch = isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], int)
-        if steering:
-            _check_steering_alone(adapter)
-            if batch or params.num_beams > 1:
-                prompts = prompt if batch else [prompt]
-                with self._steering(steering) as engine:
-                    texts = generate_texts(self.model, self.tokenizer, prompts, params, **engine)  # type: ignore[arg-type]
-                return texts if batch else texts[0]
-            return ["".join(self.stream(prompt, params.for_sample(i), steering=steering)) for i in range(params.n)]  # type: ignore[arg-type]
-        if batch:
-            rows = self.adapters.resolve(adapter, len(prompt))
-            if params.num_beams > 1 and len({id(row) for row in rows}) > 1:
-                raise ValueError("beam search decodes one adapter at a time; group the prompts by adapter")
-            with self.adapters.routed([row for row in rows for _ in range(params.n)]) as model:
-                return generate_texts(model, self.tokenizer, prompt, params)  # type: ignore[arg-type]
-        if not (adapter is None or isinstance(adapter, str)):
+        if not batch and not (adapter is None or isinstance(adapter, str)):
             raise ValueError("one prompt takes one adapter name (or None), not a list")
-        if params.num_beams > 1:
-            model = self.adapters.model_for(self.adapters.resolve(adapter, 1)[0])
-            return generate_texts(model, self.tokenizer, [prompt], params)[0]  # type: ignore[list-item]
-        return ["".join(self.stream(prompt, params.for_sample(i), adapter=adapter)) for i in range(params.n)]  # type: ignore[arg-type]
+        if not batch and params.num_beams == 1:
+            return ["".join(self.stream(prompt, params.for_sample(i), adapter=adapter, steering=steering))  # type: ignore[arg-type]
+                    for i in range(params.n)]  # fmt: skip
+        prompts = prompt if batch else [prompt]
+        rows = self.adapters.resolve(adapter, len(prompts))
+        if params.num_beams > 1 and len({id(row) for row in rows}) > 1:
+            raise ValueError("beam search decodes one adapter at a time; group the prompts by adapter")
+        every = [row for row in rows for _ in range(params.n)]  # generate_texts' rows: each prompt's n in turn
+        with self._steering(steering) as engine, self.adapters.routed(every) as model:
+            texts = generate_texts(model, self.tokenizer, prompts, params, **engine)  # type: ignore[arg-type]
+        return texts if batch else texts[0]
 
     @contextlib.contextmanager
     def _steering(self, steering: Steering) -> Iterator[dict[str, object]]:
-        """Every forward under `steering` while open; yields the decode options steered generation needs."""
+        """Every forward under `steering` while open; yields the decode options steered generation needs (none
+        without steering)."""
+        if not steering:
+            yield {}
+            return
         with steer(self.model, [parse_steering(steering, self.model)]):
             yield dict(STEERED_ENGINE)
 
@@ -256,9 +252,3 @@ def check_compatible(model: GPT, tokenizer: TextTokenizer) -> None:
             f"the tokenizer has {len(tokenizer)} tokens but the model only {model.config.vocab_size}; "
             "pass the tokenizer the model was trained with (--tokenizer)"
         )
-
-
-def _check_steering_alone(adapter: object) -> None:
-    """Steering runs the base model's PyTorch forward: an adapter beside it would be dropped silently."""
-    if adapter is not None:
-        raise ValueError("steering and a LoRA adapter cannot be combined yet; pass one of them")

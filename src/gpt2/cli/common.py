@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -62,7 +63,13 @@ def add_speculation_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_speculative_llm(args: argparse.Namespace) -> LLM:
-    """`LLM.load` of --model / --tokenizer / --device / --dtype with the speculation flags' draft or lookup."""
+    """`LLM.load` of --model / --tokenizer / --device / --dtype with the speculation flags' draft or lookup, and
+    the LoRA adapters of --lora (NAME=DIR pairs), when the command has it."""
+    adapters: dict[str, str] = {}
+    for name, directory in getattr(args, "lora", None) or []:
+        if name in adapters:
+            raise ValueError(f"--lora names two adapters {name!r}; give each its own name")
+        adapters[name] = directory
     return LLM.load(
         args.model,
         tokenizer=args.tokenizer,
@@ -70,7 +77,19 @@ def load_speculative_llm(args: argparse.Namespace) -> LLM:
         precision=args.dtype,
         draft=args.draft,
         prompt_lookup=args.prompt_lookup,
+        adapters=adapters,
     )
+
+
+def adapter_spec(text: str) -> tuple[str, str]:
+    """NAME=DIR (or DIR alone, named after its folder) -> (name, directory)."""
+    name, separator, directory = text.partition("=")
+    if not separator:
+        directory = text
+        name = Path(text.rstrip("/")).name
+    if not name or not directory:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=DIR (a name, '=', the adapter's folder)")
+    return name, directory
 
 
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt2.cli.common import (
+    adapter_spec,
     add_model_arguments,
     add_sampling_arguments,
     add_speculation_arguments,
@@ -95,17 +96,6 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.write("\n")
     sys.stdout.flush()
     return 0
-
-
-def adapter_spec(text: str) -> tuple[str, str]:
-    """NAME=DIR (or DIR alone, named after its folder) -> (name, directory)."""
-    name, separator, directory = text.partition("=")
-    if not separator:
-        directory = text
-        name = Path(text.rstrip("/")).name
-    if not name or not directory:
-        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=DIR (a name, '=', the adapter's folder)")
-    return name, directory
 
 
 def read_steering(path: str | None, saes: list[str], device: Any) -> list[Any]:

@@ -5,6 +5,7 @@
         -d '{"model": "gpt2", "prompt": "Hello", "max_tokens": 20}'
     gpt2 serve out/run1 --dtype int8 --port 8001 --api-key "$KEY" --threads 4
     gpt2 serve gpt2-medium --draft distilgpt2             # speculative decoding for a lone request
+    gpt2 serve gpt2 --lora poems=out/poems sql=out/sql    # "model": "poems" picks an adapter, per request
 
 Listens on 127.0.0.1 (this machine only) unless --host says otherwise. Concurrent requests are decoded together
 (continuous batching); SIGTERM or Ctrl-C lets requests in flight finish for --drain-seconds, then exits.
@@ -20,6 +21,7 @@ from typing import Any
 
 from gpt2.cli.common import (
     MODEL_HELP,
+    adapter_spec,
     add_flags,
     add_model_arguments,
     add_speculation_arguments,
@@ -72,6 +74,21 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--sae", action="append", default=[], metavar="NAME=DIR", help="an SAE requests' steering may name"
     )
+    parser.add_argument(
+        "--lora",
+        "--lora-modules",
+        nargs="+",
+        action="extend",
+        type=adapter_spec,
+        default=[],
+        metavar="NAME=DIR",
+        help="LoRA adapters (PEFT's format, or `gpt2 finetune --lora` output folders) a request's `model` may name",
+    )
+    parser.add_argument(
+        "--allow-runtime-lora-updating",
+        action="store_true",
+        help="let POST /v1/load_lora_adapter and /v1/unload_lora_adapter change the adapters while serving",
+    )
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     parser.set_defaults(func=run)
 
@@ -92,6 +109,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         max_connections=args.max_connections,
         header_timeout_seconds=args.header_timeout,
         grammar_timeout=args.grammar_timeout,
+        runtime_lora_updating=args.allow_runtime_lora_updating,
     )
 
 

@@ -2,7 +2,9 @@
 
 Routes: `GET /v1/models` (and `/v1/models/{id}`), `POST /v1/completions`, `POST /v1/chat/completions`,
 `POST /v1/embeddings` (OpenAI's body; last-token pooling, gpt2.inference.embedding), vLLM's `POST /tokenize` and
-`POST /detokenize` (gpt2.serve.tokens), `GET /health`, and the playground at `GET /`. Streaming answers are
+`POST /detokenize` (gpt2.serve.tokens), vLLM's `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter`
+(gpt2.serve.adapters: a request's `model` picks the base or a LoRA adapter), `GET /health`, and the playground
+at `GET /`. Streaming answers are
 server-sent events in OpenAI's chunk format, ending with `data: [DONE]`.
 
 Every error is OpenAI-shaped JSON, `{"error": {"message", "type", "param", "code"}}`: 400 for a bad field or a
@@ -29,7 +31,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
@@ -38,6 +40,7 @@ from gpt2.api import LLM
 from gpt2.inference.embedding import embed
 from gpt2.inference.steering import FeatureDictionary, parse_steering
 from gpt2.serve import Engine, EngineError, EngineFailed, EngineStopped, QueueFull, SequenceOutput, SequenceRequest
+from gpt2.serve.adapters import ServedModels
 from gpt2.serve.chat import ChatMessage
 from gpt2.serve.config import MEGABYTE, ServerConfig
 from gpt2.serve.grammar import GrammarCompilations
@@ -146,12 +149,20 @@ def _add_api_routes(app: FastAPI, service: _Service) -> None:
 
     @app.get("/v1/models", dependencies=authorized)
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [service.model_card()]}
+        return {"object": "list", "data": service.models.cards()}
 
     @app.get("/v1/models/{model:path}", dependencies=authorized)
     async def model(model: str) -> dict[str, Any]:
-        service.check_model(model)
-        return service.model_card()
+        return service.models.card(model)
+
+    @app.post("/v1/load_lora_adapter", dependencies=authorized)
+    async def load_lora_adapter(request: Request) -> PlainTextResponse:
+        body = await service.read_json(request)
+        return PlainTextResponse(await run_in_threadpool(service.models.load, body))
+
+    @app.post("/v1/unload_lora_adapter", dependencies=authorized)
+    async def unload_lora_adapter(request: Request) -> PlainTextResponse:
+        return PlainTextResponse(service.models.unload(await service.read_json(request)))
 
     @app.post("/v1/completions", dependencies=authorized)
     async def completions(request: Request) -> Response:
@@ -180,9 +191,9 @@ def _add_token_routes(app: FastAPI, service: _Service, authorized: list[Any]) ->
     async def embeddings(request: Request) -> dict[str, Any]:
         body = await service.read_json(request)
         inputs = embedding_inputs(body, service.tokenizer, service.engine.block_size)
-        service.check_model(body.get("model"))
-        vectors = await run_in_threadpool(embed, service.llm.model, inputs)
-        return embedding_response(vectors, inputs, service.config.model_name, body.get("encoding_format", "float"))
+        model = service.llm.adapters.model_for(service.models.resolve(body.get("model")))
+        vectors = await run_in_threadpool(embed, model, inputs)
+        return embedding_response(vectors, inputs, body["model"], body.get("encoding_format", "float"))
 
 
 # The engine's errors as HTTP answers, by type (never by message): status, OpenAI error type, code.
@@ -277,10 +288,11 @@ class _Service:
         self.tokenizer = llm.tokenizer
         self.engine = engine
         self.config = config
-        self.created = now()
         self.logprobs = LogprobFormatter(llm.tokenizer)
         self.metrics = ServerMetrics(engine)
         self.grammars = GrammarCompilations(engine.grammar_compiler, config.grammar_timeout)
+        self.models = ServedModels(config.model_name, llm.adapters, max_model_len=engine.block_size,
+                                   runtime_updates=config.runtime_lora_updating)  # fmt: skip
 
     async def submit(self, requests: Sequence[SequenceRequest], grammar_field: str | None = None) -> _Submission:
         """Hand sequences to the engine (an APIError when it refuses them), counted in the metrics. Their grammar,
@@ -320,24 +332,6 @@ class _Service:
             "max_queue": engine.max_queue,
         }
         return JSONResponse(status)
-
-    def model_card(self) -> dict[str, Any]:
-        return {
-            "id": self.config.model_name,
-            "object": "model",
-            "created": self.created,
-            "owned_by": "gpt2",
-            "max_model_len": self.engine.block_size,
-        }
-
-    def check_model(self, name: str) -> None:
-        if name != self.config.model_name:
-            raise APIError(
-                404,
-                f"the model {name!r} does not exist; this server serves {self.config.model_name!r}",
-                param="model",
-                code="model_not_found",
-            )
 
     def check_choices(self, count: int) -> None:
         """A request's sequences (prompts times n) must fit the queue at once."""
@@ -400,8 +394,10 @@ class _Service:
     def sequences(
         self, parsed: GenerationRequest, prompts: Sequence[list[int]], *, prompt_logprobs: bool = False
     ) -> list[SequenceRequest]:
-        """One sequence per prompt and choice: choice index = prompt index * n + i, the i-th with seed + i."""
+        """One sequence per prompt and choice: choice index = prompt index * n + i, the i-th with seed + i; each
+        with the adapter the request's `model` names (the base model's name: none)."""
         params = parsed.params
+        adapter = self.models.resolve(parsed.model)
         try:
             steering = tuple(parse_steering(parsed.steering, self.llm.model, self.saes))
         except ValueError as err:
@@ -413,6 +409,7 @@ class _Service:
                 parsed.logprobs,
                 prompt_logprobs,
                 steering=steering,
+                adapter=adapter,
             )
             for prompt in prompts
             for i in range(params.n)
@@ -421,7 +418,7 @@ class _Service:
     # ------------------------------------------------------------------------------------ completions
     async def completions(self, request: Request) -> Response:
         parsed = parse_completion_request(await self.read_json(request), max_prompts=self.config.max_prompts)
-        self.check_model(parsed.model)
+        self.models.resolve(parsed.model)  # an unknown model is a 404 before anything else
         self.check_choices(len(parsed.prompts) * parsed.params.n)
         prompts = await run_in_threadpool(lambda: [self.encode(prompt, "prompt") for prompt in parsed.prompts])
         n = parsed.params.n
@@ -434,7 +431,7 @@ class _Service:
         prompt_tokens = sum(len(prompt) for prompt in prompts)
         response_id, created = new_id("cmpl"), now()
         if parsed.stream:
-            head = self._head(response_id, "text_completion", created)
+            head = self._head(response_id, "text_completion", created, parsed.model)
             chunks = self._completion_chunks(parsed, submission, choices, prompt_of, prompt_tokens, head)
             return StreamingResponse(
                 _sse(chunks, submission, request), media_type="text/event-stream", headers=SSE_HEADERS
@@ -446,7 +443,7 @@ class _Service:
                 "id": response_id,
                 "object": "text_completion",
                 "created": created,
-                "model": self.config.model_name,
+                "model": parsed.model,
                 "choices": [self._completion_choice(parsed, choice, prompt_of[choice.index]) for choice in choices],
                 "usage": usage(prompt_tokens, sum(choice.completion_tokens for choice in choices)),
             }
@@ -511,14 +508,14 @@ class _Service:
     # ------------------------------------------------------------------------------------ chat
     async def chat(self, request: Request) -> Response:
         parsed = parse_chat_request(await self.read_json(request))
-        self.check_model(parsed.model)
+        self.models.resolve(parsed.model)
         self.check_choices(parsed.params.n)
         prompt = await run_in_threadpool(self.encode_chat, parsed.messages)
         submission = await self.submit(self.sequences(parsed, [prompt]), parsed.structured_field)
         choices = [SequenceOutput(index) for index in range(parsed.params.n)]
         response_id, created = new_id("chatcmpl"), now()
         if parsed.stream:
-            head = self._head(response_id, "chat.completion.chunk", created)
+            head = self._head(response_id, "chat.completion.chunk", created, parsed.model)
             chunks = self._chat_chunks(parsed, submission, choices, len(prompt), head)
             return StreamingResponse(
                 _sse(chunks, submission, request), media_type="text/event-stream", headers=SSE_HEADERS
@@ -541,7 +538,7 @@ class _Service:
                 "id": response_id,
                 "object": "chat.completion",
                 "created": created,
-                "model": self.config.model_name,
+                "model": parsed.model,
                 "choices": body_choices,
                 "usage": usage(len(prompt), sum(choice.completion_tokens for choice in choices)),
             }
@@ -576,9 +573,9 @@ class _Service:
         usage_of = prompt_tokens if parsed.include_usage else None
         return _chunks(submission, choices, head, render, usage_of, opening)
 
-    def _head(self, response_id: str, kind: str, created: int) -> dict[str, Any]:
+    def _head(self, response_id: str, kind: str, created: int, model: str) -> dict[str, Any]:
         """The fields every chunk of a stream repeats."""
-        return {"id": response_id, "object": kind, "created": created, "model": self.config.model_name}
+        return {"id": response_id, "object": kind, "created": created, "model": model}
 
 
 async def _chunks(

@@ -57,6 +57,10 @@ class ServerConfig:
     """Seconds a structured request's grammar (json_schema, regex) may take to compile, on a worker thread while
     other requests run (`--grammar-timeout`); past it the request is answered 400 (gpt2.serve.grammar)."""
 
+    runtime_lora_updating: bool = False
+    """Whether POST /v1/load_lora_adapter and /v1/unload_lora_adapter may change the adapters while the server runs
+    (`--allow-runtime-lora-updating`; vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING); off, they answer 404."""
+
     max_connections: int = 256
     """Connections open at once at most (uvicorn's limit_concurrency): past it a request gets 503, so clients that
     open connections and send slowly cannot hold every socket the process has."""
@@ -77,8 +81,9 @@ class ServerConfig:
             raise ValueError("api_key must be a non-empty string, or None for no authentication")
         if not is_integer(self.drain_seconds) or self.drain_seconds < 0:
             raise ValueError(f"drain_seconds must be a whole number of seconds >= 0, got {self.drain_seconds!r}")
-        if not isinstance(self.prefix_cache, bool):
-            raise ValueError(f"prefix_cache must be True or False, got {self.prefix_cache!r}")
+        for flag in ("prefix_cache", "runtime_lora_updating"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
         if not is_integer(self.prefix_cache_mb) or self.prefix_cache_mb < 1:
             raise ValueError(
                 f"prefix_cache_mb must be a whole number of MiB >= 1, got {self.prefix_cache_mb!r} "
