@@ -99,6 +99,7 @@ def test_markdown_table_gives_range_peer_and_ratio():
         (["decode", "--batch-sizes", "1,x"], "expected whole numbers"),
         (["train", "--nanogpt", "/nonexistent"], "no model.py in /nonexistent"),
         (["serve", "--llama-server", "/nonexistent"], "no llama-server binary at /nonexistent"),
+        (["serve", "--adapters", "2", "--url", "http://127.0.0.1:1"], "leave out --url and --llama-server"),
         (["decode", "--repetitions", "0"], "repetitions must be at least 1"),
     ],
 )
@@ -131,3 +132,19 @@ def test_gpu_profile_dry_run_writes_every_step(tmp_path: Path, gpt2_bpe_dir: Pat
     assert {line["params"]["batch"] for line in lines if line["area"] == "decode"} == {1, 4}
     mfu = next(line for line in lines if line["name"] == "MFU")
     assert mfu["params"]["peak_tflops"] == 989.0
+
+
+@pytest.mark.slow
+def test_serve_with_adapters_measures_them_against_the_base_alone_and_their_memory(gpt2_bpe_dir: Path, capsys):
+    """One `gpt2 serve` (a real process): its clients spread over the adapters against the base model alone, in
+    the same run, and the memory each adapter loaded at run time adds beside its weights' size."""
+    argv = ["bench", "serve", "--preset", "gpt2-tiny", "--tokenizer", str(gpt2_bpe_dir), "--repetitions", "1",
+            "--warmup", "0", "--adapters", "2", "--clients", "2", "--requests", "1", "--prompt-tokens", "8",
+            "--max-tokens", "4"]  # fmt: skip
+    assert main(argv) == 0
+    found = {record["name"]: record for record in records(capsys.readouterr().out)}
+    memory = found["added memory per adapter"]
+    assert memory["unit"] == "MiB" and memory["peer"] == "its weights" and memory["peer_value"] > 0
+    rate = found["tokens/s"]
+    assert rate["peer"] == "base model alone" and rate["value"] > 0 and rate["peer_value"] > 0
+    assert rate["params"]["adapters"] == 2 and rate["params"]["clients"] == 2

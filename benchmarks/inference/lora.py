@@ -27,10 +27,8 @@ import torch
 
 from gpt2.api import LLM
 from gpt2.bench.finetune import peak_rss_mib
-from gpt2.bench.setup import BenchSettings, save_model_directory
-from gpt2.finetune.lora import LoRAConfig, LoRALinear, add_lora, save_adapter
+from gpt2.bench.setup import BenchSettings, save_model_directory, write_adapters
 from gpt2.inference.sampling import SamplingParams
-from gpt2.weights import load_model
 
 SHARED_DATA = Path(os.environ.get("GPT2_SHARED_DATA", Path(__file__).resolve().parents[2].parent / "shared" / "data"))
 
@@ -42,20 +40,6 @@ def current_rss_mb() -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def write_adapters(base: Path, out: Path, count: int, rank: int) -> list[Path]:
-    config = LoRAConfig(rank=rank, alpha=2 * rank, target_modules=("c_attn",))
-    folders = []
-    for index in range(count):
-        torch.manual_seed(100 + index)
-        model = add_lora(load_model(base), config)
-        with torch.no_grad():
-            for module in model.modules():
-                if isinstance(module, LoRALinear):
-                    module.lora_B.normal_(std=0.02)
-        folders.append(save_adapter(model, config, out / f"adapter{index}"))
-    return folders
 
 
 def prompts(count: int, length: int) -> list[str]:

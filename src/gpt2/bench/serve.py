@@ -8,6 +8,12 @@ Per server and C: completion tokens/s over the wall time, time to first token (T
 with a token; a request waiting for a free row counts its wait), inter-token latency (ITL: between chunks of one
 request) and request latency, p50 and p99. Both servers run side by side (an idle one takes no CPU) with the same
 threads and the same number of sequences at once.
+
+With `adapters` (N LoRA adapters of rank `adapter_rank` on c_attn, random, PEFT's format), one `gpt2 serve` is
+measured two ways in the same run: the C clients spread over the N adapters (client i asks for adapter i mod N in
+`model`, so every batch mixes them), against the same clients asking for the base model alone. The adapters are
+loaded through POST /v1/load_lora_adapter once the server runs, and the server process's resident memory before
+and after gives the memory each adds, beside the size of its weights.
 """
 
 from __future__ import annotations
@@ -31,7 +37,14 @@ import httpx
 import torch
 
 from gpt2.bench.record import Recorder, percentile
-from gpt2.bench.setup import END_OF_TEXT, BenchSettings, bench_model, bench_tokenizer, save_model_directory
+from gpt2.bench.setup import (
+    END_OF_TEXT,
+    BenchSettings,
+    bench_model,
+    bench_tokenizer,
+    save_model_directory,
+    write_adapters,
+)
 
 SERVED_MODEL = "gpt2-bench"
 CONTEXT_PER_SLOT = 1024
@@ -55,10 +68,18 @@ class ServeLoad:
     url: str | None = None
     """A running server to measure instead of starting `gpt2 serve`."""
     llama_server: Path | None = None
+    adapters: int = 0
+    """LoRA adapters to spread the clients over, against the base model alone (module docstring); 0: none."""
+    adapter_rank: int = 8
 
     def __post_init__(self) -> None:
         if min(self.clients, default=0) < 1 or self.requests < 1:
             raise ValueError("clients and requests must be at least 1")
+        if self.adapters < 0 or self.adapter_rank < 1:
+            raise ValueError("adapters must be 0 or more and adapter_rank at least 1")
+        if self.adapters and (self.url is not None or self.llama_server is not None):
+            raise ValueError("--adapters measures our server with adapters against its base model alone; "
+                             "leave out --url and --llama-server")  # fmt: skip
         if self.llama_server is not None and not Path(self.llama_server).is_file():
             raise FileNotFoundError(f"no llama-server binary at {self.llama_server}; build llama.cpp, pass its path")
         if self.llama_server is not None and self.dtype not in GGUF_TYPES:
@@ -82,8 +103,9 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def served(command: list[str], log: Path) -> Iterator[str]:
-    """A server command (taking `--port N`) in a process of its own; yields its URL once /health answers 200."""
+def served(command: list[str], log: Path) -> Iterator[tuple[str, int]]:
+    """A server command (taking `--port N`) in a process of its own; yields its URL and process id once /health
+    answers 200."""
     port = free_port()
     with open(log, "ab") as output:
         process = subprocess.Popen([*command, "--port", str(port)], stdout=output, stderr=output)
@@ -96,7 +118,7 @@ def served(command: list[str], log: Path) -> Iterator[str]:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{Path(command[0]).name} did not answer within {STARTUP_SECONDS} s; see {log}")
                 time.sleep(0.2)
-            yield url
+            yield url, process.pid
         finally:
             process.terminate()
             process.wait(60)
@@ -109,11 +131,11 @@ def healthy(url: str) -> bool:
         return False
 
 
-def streamed(http: httpx.Client, prompt: list[int], max_tokens: int) -> Timings:
+def streamed(http: httpx.Client, prompt: list[int], max_tokens: int, model: str = SERVED_MODEL) -> Timings:
     """One greedy streamed completion. Events are split in the raw bytes and only the usage event is parsed: the
     client shares the cores with the server, so its work per token is kept small and the same for every server."""
     body = {
-        "model": SERVED_MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+        "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
         "logit_bias": {str(END_OF_TEXT): -100}, "stream": True, "stream_options": {"include_usage": True},
     }  # fmt: skip
     start = time.perf_counter()
@@ -140,14 +162,18 @@ def connect(url: str) -> httpx.Client:
     return httpx.Client(base_url=url, timeout=3600, limits=httpx.Limits(max_keepalive_connections=0))
 
 
-def run_load(url: str, clients: int, load: ServeLoad, seed: str) -> dict[str, float]:
-    """C clients, each sending load.requests completions one after the other: tokens/s and percentiles."""
+def run_load(
+    url: str, clients: int, load: ServeLoad, seed: str, models: tuple[str, ...] = (SERVED_MODEL,)
+) -> dict[str, float]:
+    """C clients, each sending load.requests completions one after the other (client i asks for models[i mod
+    len(models)]): tokens/s and percentiles."""
 
     def client(index: int) -> list[Timings]:
         rng = random.Random(f"{seed} {clients} {index}")  # prompts no other request has
+        model = models[index % len(models)]
         with connect(url) as http:
             prompts = [[rng.randrange(END_OF_TEXT) for _ in range(load.prompt_tokens)] for _ in range(load.requests)]
-            return [streamed(http, prompt, load.max_tokens) for prompt in prompts]
+            return [streamed(http, prompt, load.max_tokens, model) for prompt in prompts]
 
     start = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
@@ -164,11 +190,11 @@ def run_load(url: str, clients: int, load: ServeLoad, seed: str) -> dict[str, fl
     }  # fmt: skip
 
 
-def warm(url: str, load: ServeLoad) -> None:
+def warm(url: str, load: ServeLoad, model: str = SERVED_MODEL) -> None:
     """First-call costs out of the figures: one short prompt and one of the measured length."""
     with connect(url) as http:
         for length in sorted({16, load.prompt_tokens}):
-            streamed(http, list(range(100, 100 + length)), 4)
+            streamed(http, list(range(100, 100 + length)), 4, model)
 
 
 def server_commands(settings: BenchSettings, load: ServeLoad, folder: Path) -> dict[str, list[str]]:
@@ -183,6 +209,8 @@ def server_commands(settings: BenchSettings, load: ServeLoad, folder: Path) -> d
         commands["ours"] = [sys.executable, "-m", "gpt2.cli", "serve", "--model", str(directory), "--dtype",
                             load.dtype, "--device", settings.device, "--max-batch", str(load.max_batch),
                             "--served-model-name", SERVED_MODEL, "--log-level", "warning"]  # fmt: skip
+        if load.adapters:
+            commands["ours"].append("--allow-runtime-lora-updating")
     if load.llama_server is not None:
         from gpt2.export import export_gguf
 
@@ -198,10 +226,13 @@ def run_serve(settings: BenchSettings, load: ServeLoad, recorder: Recorder) -> N
     """`gpt2 bench serve`: each client count, ours against llama-server where given; repetitions alternate which
     server goes first."""
     os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
+    if load.adapters:
+        run_adapters(settings, load, recorder)
+        return
     with tempfile.TemporaryDirectory(prefix="gpt2-bench-serve-") as folder, contextlib.ExitStack() as stack:
         commands = server_commands(settings, load, Path(folder))
         log = Path(folder) / "servers.log"
-        urls = {name: stack.enter_context(served(command, log)) for name, command in commands.items()}
+        urls = {name: stack.enter_context(served(command, log))[0] for name, command in commands.items()}
         if load.url is not None:
             urls = {"ours": load.url.rstrip("/"), **urls}
         for url in urls.values():
@@ -213,19 +244,63 @@ def run_serve(settings: BenchSettings, load: ServeLoad, recorder: Recorder) -> N
                 order = list(urls) if repetition % 2 == 0 else list(reversed(urls))
                 for name in order:
                     runs[name].append(run_load(urls[name], clients, load, f"{repetition}"))
-            record_cell(recorder, runs, clients, settings, load)
+            record_cell(recorder, runs["ours"], ("llama-server", runs.get("llama-server")), cell_params(clients,
+                        settings, load))  # fmt: skip
+
+
+def run_adapters(settings: BenchSettings, load: ServeLoad, recorder: Recorder) -> None:
+    """`gpt2 bench serve --adapters N`: one server, its memory per adapter loaded at run time, then each client
+    count spread over the adapters against the base model alone (module docstring)."""
+    with tempfile.TemporaryDirectory(prefix="gpt2-bench-serve-") as folder:
+        commands = server_commands(settings, load, Path(folder))
+        adapters = write_adapters(Path(folder) / "model", Path(folder), load.adapters, load.adapter_rank)
+        names = tuple(f"adapter{index}" for index in range(load.adapters))
+        with served(commands["ours"], Path(folder) / "servers.log") as (url, pid), connect(url) as http:
+            before = resident_mib(pid)
+            for name, path in zip(names, adapters, strict=True):
+                http.post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)}).raise_for_status()
+            added = (resident_mib(pid) - before) / load.adapters
+            weights = sum(path.stat().st_size for path in adapters[0].glob("*.safetensors")) / 2**20
+            params = {"adapters": load.adapters, "rank": load.adapter_rank, "targets": "c_attn",
+                      **settings.model_params()}  # fmt: skip
+            recorder.add("serve", "added memory per adapter", params, [added], "MiB", ("its weights", [weights]))
+            for _ in range(settings.warmup):
+                warm(url, load)
+                warm(url, load, names[0])
+            for clients in load.clients:
+                mixed: list[dict[str, float]] = []
+                alone: list[dict[str, float]] = []
+                for repetition in range(settings.repetitions):
+                    order = [(mixed, names), (alone, (SERVED_MODEL,))]
+                    for runs, models in order if repetition % 2 == 0 else reversed(order):
+                        runs.append(run_load(url, clients, load, f"{repetition}", models))
+                cell = {**cell_params(clients, settings, load), "adapters": load.adapters, "rank": load.adapter_rank}
+                record_cell(recorder, mixed, ("base model alone", alone), cell)
+
+
+def resident_mib(pid: int) -> float:
+    """A process's resident memory (Linux's /proc/PID/status VmRSS), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"/proc/{pid}/status has no VmRSS line")
+
+
+def cell_params(clients: int, settings: BenchSettings, load: ServeLoad) -> dict[str, Any]:
+    return {"clients": clients, "dtype": load.dtype, "max_batch": load.max_batch, "prompt_tokens": load.prompt_tokens,
+            "max_tokens": load.max_tokens, "requests_per_client": load.requests, **settings.model_params()}  # fmt: skip
 
 
 def record_cell(
-    recorder: Recorder, runs: dict[str, list[dict[str, float]]], clients: int, settings: BenchSettings,
-    load: ServeLoad,
-) -> None:  # fmt: skip
-    params: dict[str, Any] = {"clients": clients, "dtype": load.dtype, "max_batch": load.max_batch,
-                              "prompt_tokens": load.prompt_tokens, "max_tokens": load.max_tokens,
-                              "requests_per_client": load.requests, **settings.model_params()}  # fmt: skip
-    peer_runs = runs.get("llama-server")
+    recorder: Recorder,
+    ours: list[dict[str, float]],
+    peer: tuple[str, list[dict[str, float]] | None],
+    params: dict[str, Any],
+) -> None:
+    """One client count's figures: ours against the peer's runs (none: ours alone)."""
+    peer_name, peer_runs = peer
     for key in ("tokens/s", "ttft p50", "ttft p99", "itl p50", "itl p99", "latency p50"):
         scale, unit = (1.0, "tokens/s") if key == "tokens/s" else (1000.0, "ms")
-        ours = [run[key] * scale for run in runs["ours"]]
-        peer = ("llama-server", [run[key] * scale for run in peer_runs]) if peer_runs else None
-        recorder.add("serve", key, params, ours, unit, peer)
+        values = [run[key] * scale for run in ours]
+        paired = (peer_name, [run[key] * scale for run in peer_runs]) if peer_runs else None
+        recorder.add("serve", key, params, values, unit, paired)

@@ -76,6 +76,25 @@ def save_model_directory(settings: BenchSettings, directory: Path) -> Path:
     return directory
 
 
+def write_adapters(base: Path, out: Path, count: int, rank: int) -> list[Path]:
+    """`count` LoRA adapters of `rank` on c_attn for the model saved at `base`, in PEFT's format (what `gpt2
+    finetune --lora` writes) under out/adapter0, out/adapter1, ...: seeded random A and B (B non-zero, so each
+    changes the text)."""
+    from gpt2.finetune.lora import LoRAConfig, LoRALinear, add_lora, save_adapter
+
+    config = LoRAConfig(rank=rank, alpha=2 * rank, target_modules=("c_attn",))
+    folders = []
+    for index in range(count):
+        torch.manual_seed(SEED + 100 + index)
+        model = add_lora(load_model(base), config)
+        with torch.no_grad():
+            for module in model.modules():
+                if isinstance(module, LoRALinear):
+                    module.lora_B.normal_(std=0.02)
+        folders.append(save_adapter(model, config, out / f"adapter{index}"))
+    return folders
+
+
 def copy_model(model: GPT) -> GPT:
     """The same weights in a model of their own (preparing for inference packs layers in place)."""
     copy = GPT(model.config).eval()

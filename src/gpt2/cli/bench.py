@@ -90,6 +90,13 @@ def add_serve(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batch", type=int, default=16, help="sequences at once (llama-server: slots)")
     parser.add_argument("--url", help="measure this running server instead of starting `gpt2 serve`")
     parser.add_argument("--llama-server", type=Path, help="llama.cpp's llama-server binary: it as a peer")
+    parser.add_argument(
+        "--adapters",
+        type=int,
+        default=0,
+        help="spread the clients over this many LoRA adapters, against the base model alone",
+    )
+    parser.add_argument("--adapter-rank", type=int, default=8, help="the adapters' rank (default 8)")
 
 
 def add_train(parser: argparse.ArgumentParser) -> None:
@@ -182,7 +189,8 @@ def run(args: argparse.Namespace) -> int:
     elif area == "serve":
         load = serve.ServeLoad(clients=parse_ints(args.clients), requests=args.requests,
                                prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens, dtype=args.dtype,
-                               max_batch=args.max_batch, url=args.url, llama_server=args.llama_server)  # fmt: skip
+                               max_batch=args.max_batch, url=args.url, llama_server=args.llama_server,
+                               adapters=args.adapters, adapter_rank=args.adapter_rank)  # fmt: skip
         serve.run_serve(settings, load, recorder)
     elif area == "train":
         grid_train = train.TrainGrid(optimizers=names(args.optimizers), batch_size=args.batch_size,
