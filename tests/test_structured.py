@@ -4,8 +4,11 @@ grammar accepts; invalid schemas and regexes are one-line ValueErrors with the l
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import re
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,7 +21,7 @@ from conftest import shared_file
 from gpt2.api import LLM
 from gpt2.config import GPTConfig
 from gpt2.inference.sampling import SamplingParams
-from gpt2.inference.structured import JSON_OBJECT, GrammarCompiler, GrammarMask, structured_processor
+from gpt2.inference.structured import JSON_OBJECT, GrammarCompiler, GrammarMask, bounded_schema, structured_processor
 from gpt2.model import GPT
 from gpt2.tokenizer import load_tokenizer
 from gpt2.tokenizer.protocol import TextTokenizer
@@ -200,3 +203,26 @@ def test_a_grammar_past_the_compile_limit_is_a_400_naming_the_limit(llm: LLM) ->
     assert "json_schema is too complex to compile within 0.01 s" in error["message"]
     assert "--grammar-timeout" in error["message"]
     assert served.status_code == 200  # the server goes on serving
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a thread's own niceness is Linux's")
+def test_the_server_compiles_grammars_at_the_lowest_priority(llm: LLM) -> None:
+    """A long compilation takes the cores decoding leaves idle (benchmarks/serve/grammar_stall.py measures it)."""
+    from gpt2.serve.grammar import GRAMMAR_NICENESS, GrammarCompilations
+
+    compiler, niceness = GrammarCompiler(llm.tokenizer, llm.model.config.vocab_size), []
+
+    class Recording:
+        def compile(self, **grammar: object) -> object:
+            niceness.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+            return compiler.compile(**grammar)  # type: ignore[arg-type]
+
+    compilations = GrammarCompilations(lambda: Recording(), timeout=60)  # type: ignore[arg-type,return-value]
+    assert asyncio.run(compilations.compile(SamplingParams(json_schema=SCHEMA))) is not None
+    assert niceness == [GRAMMAR_NICENESS] and GRAMMAR_NICENESS > os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def test_a_schema_nested_300_deep_is_read_without_recursion() -> None:
+    schema = deep_schema(300)
+    copy = bounded_schema(schema)  # no number with one bound: an equal copy, not a RecursionError
+    assert copy is not schema and json.dumps(copy) == json.dumps(schema)

@@ -64,20 +64,27 @@ _NOT_SCHEMAS = ("const", "enum", "default", "examples")  # values that are data,
 
 def bounded_schema(schema: Any) -> Any:
     """A copy of a JSON schema where every integer or number with exactly one bound (minimum / exclusiveMinimum,
-    maximum / exclusiveMaximum) gets the other at +-(10**16 - 1), as far as llama.cpp lets its digits run."""
-    if isinstance(schema, list):
-        return [bounded_schema(item) for item in schema]
-    if not isinstance(schema, Mapping):
-        return schema
-    copy = {key: value if key in _NOT_SCHEMAS else bounded_schema(value) for key, value in schema.items()}
-    if copy.get("type") in ("integer", "number"):
-        low = "minimum" in copy or "exclusiveMinimum" in copy
-        high = "maximum" in copy or "exclusiveMaximum" in copy
-        if low and not high:
-            copy["maximum"] = LARGEST_BOUNDED
-        elif high and not low:
-            copy["minimum"] = -LARGEST_BOUNDED
-    return copy
+    maximum / exclusiveMaximum) gets the other at +-(10**16 - 1), as far as llama.cpp lets its digits run. Walked
+    with a stack of its own, not recursion, so a schema nested hundreds deep is copied like any other."""
+    root = [schema]
+    pending: list[tuple[Any, Any]] = [(root, 0)]  # (container, key) whose value is still the caller's
+    while pending:
+        container, key = pending.pop()
+        value = container[key]
+        if isinstance(value, list):
+            container[key] = value = list(value)
+            pending.extend((value, index) for index in range(len(value)))
+        elif isinstance(value, Mapping):
+            container[key] = value = dict(value)
+            pending.extend((value, name) for name in value if name not in _NOT_SCHEMAS)
+            if value.get("type") in ("integer", "number"):
+                low = "minimum" in value or "exclusiveMinimum" in value
+                high = "maximum" in value or "exclusiveMaximum" in value
+                if low and not high:
+                    value["maximum"] = LARGEST_BOUNDED
+                elif high and not low:
+                    value["minimum"] = -LARGEST_BOUNDED
+    return root[0]
 
 
 def bounded_ebnf(ebnf: str) -> str:

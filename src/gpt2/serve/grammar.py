@@ -1,6 +1,6 @@
 """Structured requests' grammars compiled off the engine's path: each on a worker thread, within a time limit.
 
-xgrammar compiles a deep JSON schema slowly (a 300-deep nested object takes it tens of seconds of a core). Compiled
+xgrammar compiles a deep JSON schema slowly (a 300-deep nested object takes it seconds of a core). Compiled
 on the event loop or in `Engine.submit`, it would stall every other request; here the HTTP handler awaits the
 compilation on a worker thread (xgrammar releases the GIL while it works), so other requests are served meanwhile,
 and past the limit the request is answered 400. A compilation past its limit runs on to its end (a thread cannot be
@@ -10,6 +10,8 @@ stopped) on a daemon thread, and lands in the compiler's cache: the same grammar
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -19,9 +21,15 @@ from gpt2.inference.structured import GrammarCompiler
 
 GRAMMAR_TIMEOUT = 10.0
 """Seconds a request's grammar may take to compile before the request is refused (`gpt2 serve --grammar-timeout`).
-Schemas of everyday depth compile in well under a second; a schema nested hundreds deep takes tens of seconds."""
+Schemas of everyday depth compile in well under a second; a schema nested hundreds deep takes seconds (5 s for 300
+levels of objects on a Zen 5 core)."""
 GRAMMAR_WORKERS = 2
 """Grammars compiled at once at most; another structured request waits for a worker, within its own limit."""
+GRAMMAR_NICENESS = 19
+"""The compiling threads' Linux niceness: below the engine's threads, so a long compilation takes the cores the
+decoding leaves idle instead of slowing every running request (the model's threads wait on each other, so one
+core shared evenly slows a whole step: at 10 a 5-token request beside a 300-deep schema's compilation takes 1.09x
+its time alone, at 19 0.99x). Re-derived with `python benchmarks/serve/grammar_stall.py` at each value."""
 
 
 class GrammarTooComplex(ValueError):
@@ -56,6 +64,7 @@ class GrammarCompilations:
                 result.set_result(value)
 
         def work() -> None:  # on the worker thread
+            _lower_priority()
             with self._slots:
                 try:
                     compiled = self._compiler().compile(regex=params.regex, json_schema=params.json_schema)
@@ -73,3 +82,12 @@ class GrammarCompilations:
                 f"the {what} is too complex to compile within {self.timeout:g} s (the server's --grammar-timeout); "
                 "simplify it (fewer nesting levels)"
             ) from None
+
+
+def _lower_priority() -> None:
+    """This thread at GRAMMAR_NICENESS (Linux, where a thread's niceness is its own); elsewhere nothing."""
+    if sys.platform == "linux":
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), GRAMMAR_NICENESS)
+        except OSError:  # not allowed here: the thread keeps the process's priority
+            pass
