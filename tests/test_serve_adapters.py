@@ -5,12 +5,7 @@ started with; bad names and folders are answered 4xx naming what is wrong."""
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,41 +18,24 @@ from gpt2.cli import main
 from gpt2.inference.embedding import embed
 from gpt2.inference.lora_batch import RoutedView
 from gpt2.inference.sampling import SamplingParams
-from gpt2.serve import ServerConfig
-from test_adapters import PEFT_ADAPTERS, adapters, base, merged_copy, peft_adapter, peft_greedy_ids  # noqa: F401
+from test_adapters import PEFT_ADAPTERS, adapters, base, merged_copy, peft_adapter, peft_greedy_ids, tiny_gpt2  # noqa: F401
+from test_serve import MODEL, running
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
-BASE = "tiny"
+BASE = MODEL
 PROMPTS = ["The quick brown fox", "Once upon a time", "To be, or not"]
 MAX_TOKENS = 12
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0)
 
 
-@contextmanager
-def running(llm: LLM, **settings: Any) -> Iterator[tuple[str, Any]]:
-    """A real uvicorn server for `llm` on a free loopback port; yields its URL and its FastAPI app."""
-    from gpt2.serve import uvicorn_server
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = ServerConfig(model_name=BASE, port=port, **settings)
-    server = uvicorn_server(llm, config, log_level="warning")
-    thread = threading.Thread(target=server.run, kwargs=dict(sockets=[sock]), daemon=True)
-    thread.start()
-    try:
-        for _ in range(6000):  # up to 60 s for the start, never a timing claim
-            if server.started:
-                break
-            time.sleep(0.01)
-        assert server.started
-        yield f"http://127.0.0.1:{port}", server.config.app
-    finally:
-        server.should_exit = True
-        thread.join(60)
-        sock.close()
+def prefix_cache_hits(url: str) -> float:
+    """The server's gpt2_prefix_cache_hits_total, as Prometheus reads it from /metrics."""
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith("gpt2_prefix_cache_hits_total "):
+            return float(line.split()[1])
+    raise AssertionError("/metrics has no gpt2_prefix_cache_hits_total")
 
 
 def client(url: str) -> Any:
@@ -91,7 +69,7 @@ def test_requests_for_every_adapter_and_the_base_decode_in_one_batch_as_merged_f
 
     monkeypatch.setattr(RoutedView, "rows", recorded)
     jobs = [(prompt, model) for prompt in PROMPTS for model in (BASE, *adapters)]
-    with running(llm) as (url, _):
+    with running(llm) as url:
         with ThreadPoolExecutor(len(jobs)) as pool:
             answers = list(pool.map(lambda job: complete(url, *job), jobs))
     assert max(mixed) == 3  # the base's rows and both adapters' rows shared forwards
@@ -111,7 +89,7 @@ def test_requests_for_every_adapter_and_the_base_decode_in_one_batch_as_merged_f
 
 
 def test_models_lists_the_base_and_each_adapter_with_the_base_as_parent(llm: LLM) -> None:
-    with running(llm) as (url, _):
+    with running(llm) as url:
         listed = {model.id: model for model in client(url).models.list().data}
         style = client(url).models.retrieve("style")
     assert set(listed) == {BASE, *PEFT_ADAPTERS}
@@ -123,7 +101,7 @@ def test_models_lists_the_base_and_each_adapter_with_the_base_as_parent(llm: LLM
 
 
 def test_an_unknown_model_is_a_404_naming_the_base_and_the_adapters(llm: LLM) -> None:
-    with running(llm) as (url, _):
+    with running(llm) as url:
         with pytest.raises(openai.NotFoundError) as caught:
             complete(url, "Hello", "stlye")
         with pytest.raises(openai.NotFoundError):
@@ -140,14 +118,13 @@ def test_an_unknown_model_is_a_404_naming_the_base_and_the_adapters(llm: LLM) ->
 
 def test_the_prefix_cache_keys_an_adapters_prompts_apart_from_the_bases(llm: LLM) -> None:
     prompt = "One two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen"
-    with running(llm) as (url, app):
-        cache = app.state.engine.prefix_cache
+    with running(llm) as url:
         base_text = complete(url, prompt, BASE).choices[0].text
-        hits = cache.hits
+        hits = prefix_cache_hits(url)
         first = complete(url, prompt, "style").choices[0].text
-        assert cache.hits == hits  # the base's blocks are not the adapter's keys and values
+        assert prefix_cache_hits(url) == hits  # the base's blocks are not the adapter's keys and values
         again = complete(url, prompt, "style").choices[0].text
-        assert cache.hits > hits  # the adapter's own blocks are
+        assert prefix_cache_hits(url) > hits  # the adapter's own blocks are
     assert first == again == llm.generate(prompt, GREEDY, adapter="style")[0] != base_text
 
 
@@ -160,7 +137,7 @@ def test_adapters_load_and_unload_under_load_and_a_running_request_keeps_its_ada
     offline = LLM.load(base, device="cpu", precision="float32", adapters=adapters)
     long = SamplingParams(max_tokens=40, temperature=0)
     expected = offline.generate(PROMPTS[0], long, adapter="style")[0]
-    with running(llm, runtime_lora_updating=True) as (url, _):
+    with running(llm, runtime_lora_updating=True) as url:
         http = httpx.Client(base_url=url, timeout=60)
         with ThreadPoolExecutor(4) as pool:
             background = [pool.submit(complete, url, prompt, BASE) for prompt in PROMPTS * 2]  # the load
@@ -201,11 +178,9 @@ def test_an_adapter_for_another_base_is_a_400_at_load(
     tmp_path: Path,
     gpt2_bpe_dir: Path,
 ) -> None:
-    from test_adapters import tiny_gpt2
-
     wider = peft_adapter(tiny_gpt2(tmp_path / "wider", width=96), tmp_path / "wider-adapter", 4, ["c_attn"], 1)
     llm = LLM.load(base, device="cpu", precision="float32")
-    with running(llm, runtime_lora_updating=True) as (url, _):
+    with running(llm, runtime_lora_updating=True) as url:
         answer = httpx.post(url + "/v1/load_lora_adapter", json={"lora_name": "wide", "lora_path": str(wider)})
         models = {model.id for model in client(url).models.list().data}
     assert answer.status_code == 400 and "another base model" in answer.json()["error"]["message"]
@@ -213,7 +188,7 @@ def test_an_adapter_for_another_base_is_a_400_at_load(
 
 
 def test_loading_at_run_time_is_off_unless_the_server_allows_it(llm: LLM, adapters: dict[str, Path]) -> None:  # noqa: F811
-    with running(llm) as (url, _):
+    with running(llm) as url:
         load = httpx.post(url + "/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": str(adapters["style"])})
         unload = httpx.post(url + "/v1/unload_lora_adapter", json={"lora_name": "style"})
         still = complete(url, PROMPTS[0], "style")
@@ -225,7 +200,7 @@ def test_loading_at_run_time_is_off_unless_the_server_allows_it(llm: LLM, adapte
 def test_steered_requests_with_or_without_an_adapter_run_beside_adapted_ones_each_as_offline(llm: LLM) -> None:
     direction = torch.randn(llm.model.config.n_embd, generator=torch.Generator().manual_seed(3))
     steering = [{"hook": "blocks.1.hook_resid_pre", "vector": direction.tolist(), "scale": 6.0}]
-    with running(llm) as (url, _):
+    with running(llm) as url:
         body = {"prompt": PROMPTS[0], "max_tokens": MAX_TOKENS, "temperature": 0}
         with ThreadPoolExecutor(3) as pool:
             steered = pool.submit(httpx.post, url + "/v1/completions",
