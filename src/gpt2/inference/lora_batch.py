@@ -10,10 +10,11 @@ each adapted layer, the rows of each adapter present are gathered and get their 
 No merged copy of the model exists: an adapter costs its own A and B (`LoRAAdapter.nbytes`), nothing more.
 
 How: `adapted_view(model, routing)` is a second GPT over the same weights (the same tensors and layer objects;
-only the blocks' container modules are new) whose adapted layers are `AdaptedLinear`s reading `routing`, which
-says which rows take which adapter. A view with one adapter for every row has fixed routing, so any number of
-them can decode at once; the mixed view's routing is set per batch (`AdapterSet.routed`) by the one caller that
-owns it.
+only the blocks' container modules are new, and they share the model's hooks) whose adapted layers are
+`AdaptedLinear`s reading `routing`, which says which rows take which adapter. A view with one adapter for every row
+has fixed routing, so any number of them can decode at once; a `RoutedView`'s routing is set for each batch it
+runs (`RoutedView.rows`), one batch at a time: `AdapterSet.routed` for `LLM.generate`, the server's runner for
+its batch (gpt2.serve.runner), where the adapter is a property of each row.
 
 Decode steps of a view run through the model's layers in PyTorch (float32 layers: oneDNN's products), not in the
 native decoder (gpt2.cpu.decoder), which runs a whole step in one C++ call with no place for the low-rank
