@@ -219,3 +219,20 @@ def test_gpt2_serve_names_a_bad_lora_flag_in_one_line(base: Path, tmp_path: Path
     assert main(["serve", str(base), "--lora", f"poems={tmp_path / 'nowhere'}", "--port", "0"]) != 0
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and "nowhere" in error and "adapter_config.json" in error
+
+
+def test_long_prompts_prefilled_in_chunks_and_scored_prompts_take_their_adapter(llm: LLM) -> None:
+    prompt = " ".join(["The quick brown fox jumps over the lazy dog."] * 4)  # 44 tokens: chunks of 8
+    ids = llm.tokenizer.encode(prompt)
+    with running(llm, prefill_chunk=8) as url:
+        long = complete(url, prompt, "style").choices[0].text
+        scored = client(url).completions.create(model="style", prompt=prompt, max_tokens=0, echo=True, logprobs=0)
+    assert long == llm.generate(prompt, GREEDY, adapter="style")[0]
+    with torch.no_grad():
+        logits = llm.adapters.model_for(llm.adapters.get("style"))(torch.tensor([ids])).logits[0]  # (T, V)
+        base_logits = llm.model(torch.tensor([ids])).logits[0]
+    expected = torch.log_softmax(logits, dim=-1)[torch.arange(len(ids) - 1), ids[1:]]  # token t + 1 given t
+    unadapted = torch.log_softmax(base_logits, dim=-1)[torch.arange(len(ids) - 1), ids[1:]]
+    served = torch.tensor(scored.choices[0].logprobs.token_logprobs[1:])
+    assert torch.allclose(served, expected, atol=1e-4)
+    assert not torch.allclose(served, unadapted, atol=1e-2)  # the adapter's scores, not the base's
