@@ -4,8 +4,7 @@ Routes: `GET /v1/models` (and `/v1/models/{id}`), `POST /v1/completions`, `POST 
 `POST /v1/embeddings` (OpenAI's body; last-token pooling, gpt2.inference.embedding), vLLM's `POST /tokenize` and
 `POST /detokenize` (gpt2.serve.tokens), vLLM's `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter`
 (gpt2.serve.adapters: a request's `model` picks the base or a LoRA adapter), `GET /health`, and the playground
-at `GET /`. Streaming answers are
-server-sent events in OpenAI's chunk format, ending with `data: [DONE]`.
+at `GET /`. Streaming answers are server-sent events in OpenAI's chunk format, ending with `data: [DONE]`.
 
 Every error is OpenAI-shaped JSON, `{"error": {"message", "type", "param", "code"}}`: 400 for a bad field or a
 malformed body, 401 without the API key (when one is set), 404 for an unknown model or route, 413 for a body
