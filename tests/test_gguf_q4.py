@@ -172,8 +172,14 @@ def test_q4_k_logits_stay_near_the_float_models_and_nearer_than_q4_0s(q4_k_file,
     assert k_error < relative_rms_error(q4_0_logits, full)  # measured 0.228
 
 
-def test_q4_k_rows_not_whole_super_blocks_fall_back_to_q5_0_as_llama_quantize_does(model_dir, tmp_path):
-    out = export(model_dir, tmp_path / "tiny-q4_k.gguf", "q4_k")  # 32 wide: no row holds 256 values
+@pytest.fixture(scope="module")
+def tiny_q4_k_file(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """gguf-tiny at q4_k: 32 wide, so no weight's rows hold 256 values."""
+    return export(model_dir, tmp_path_factory.mktemp("q4_k") / "tiny-q4_k.gguf", "q4_k")
+
+
+def test_q4_k_rows_not_whole_super_blocks_fall_back_to_q5_0_as_llama_quantize_does(model_dir, tiny_q4_k_file):
+    out = tiny_q4_k_file
     types = {tensor.name: tensor.tensor_type for tensor in gguf.GGUFReader(out).tensors}
     assert types["blk.0.attn_qkv.weight"] == types["blk.1.ffn_down.weight"] == Q.Q5_0
     ids = torch.tensor([[464, 3797, 3332, 319]])
@@ -187,3 +193,8 @@ def test_q4_k_rows_not_whole_super_blocks_fall_back_to_q5_0_as_llama_quantize_do
 def test_llamacpp_runs_the_q4_k_file_with_our_greedy_text(q4_k_file):
     """The file is ours alone (llama-quantize plays no part): llama.cpp's Q4_K kernels decode it as we do."""
     assert llama_simple(q4_k_file) == greedy(q4_k_file)
+
+
+@pytest.mark.skipif(not os.environ.get(LLAMA_CPP_BIN), reason=f"set {LLAMA_CPP_BIN} to llama.cpp's build/bin")
+def test_llamacpp_runs_the_q4_k_fallback_file_with_our_greedy_text(tiny_q4_k_file):
+    assert llama_simple(tiny_q4_k_file) == greedy(tiny_q4_k_file)
