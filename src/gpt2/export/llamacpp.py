@@ -129,6 +129,7 @@ def export_gguf(
     path = Path(path)
     tokens, token_types, merges = gguf_vocabulary(tokenizer, config.vocab_size)
     file_type, wanted = _file_types(gguf)[dtype]
+    four_bit = (gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_K)
 
     writer = gguf.GGUFWriter(None, ARCHITECTURE)
     for our_name, array in _llamacpp_order(float32_tensors(model)):
@@ -136,10 +137,7 @@ def export_gguf(
         qtype = wanted
         if array.ndim <= 1 or gguf_name.endswith("_norm.weight") or gguf_name in ALWAYS_F32:
             qtype = gguf.GGMLQuantizationType.F32
-        elif (
-            qtype in (gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_K)
-            and gguf_name in FOUR_BIT_KEEPS_Q8_0
-        ):
+        elif qtype in four_bit and gguf_name in FOUR_BIT_KEEPS_Q8_0:
             qtype = gguf.GGMLQuantizationType.Q8_0
         qtype, data = _quantize(gguf, array, qtype)
         writer.add_tensor(gguf_name, data, raw_dtype=qtype)
