@@ -6,6 +6,7 @@ package's own Q4_K reader."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import subprocess
@@ -198,3 +199,21 @@ def test_llamacpp_runs_the_q4_k_file_with_our_greedy_text(q4_k_file):
 @pytest.mark.skipif(not os.environ.get(LLAMA_CPP_BIN), reason=f"set {LLAMA_CPP_BIN} to llama.cpp's build/bin")
 def test_llamacpp_runs_the_q4_k_fallback_file_with_our_greedy_text(tiny_q4_k_file):
     assert llama_simple(tiny_q4_k_file) == greedy(tiny_q4_k_file)
+
+
+@pytest.mark.skipif(not os.environ.get(LLAMA_CPP_BIN), reason=f"set {LLAMA_CPP_BIN} to llama.cpp's build/bin")
+def test_q4_k_blocks_are_ggmls_own_but_for_float_rounding():
+    """ggml's reference quantizer (quantize_row_q4_K_ref in the libggml-base beside the binaries) on the same
+    weights: the same bytes in nearly every block, the same error. Sums taken in another order round differently,
+    so a few sub-blocks pick another of two nearly equal fits."""
+    library = ctypes.CDLL(str(Path(os.environ[LLAMA_CPP_BIN]) / "libggml-base.so"))
+    library.quantize_row_q4_K_ref.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    weights = (0.02 * np.random.default_rng(0).standard_normal((64, 768))).astype(np.float32)
+    ours = quantize_q4_k(weights)
+    theirs = np.zeros_like(ours)
+    library.quantize_row_q4_K_ref(weights.ctypes.data, theirs.ctypes.data, weights.size)  # rows back to back
+    same_blocks = (ours.reshape(-1, 144) == theirs.reshape(-1, 144)).all(axis=1).mean()
+    assert same_blocks > 0.95, same_blocks  # measured 0.984
+    our_error = relative_rms_error(gguf.quants.dequantize(ours, Q.Q4_K), weights)
+    their_error = relative_rms_error(gguf.quants.dequantize(theirs, Q.Q4_K), weights)
+    assert our_error < 1.01 * their_error, (our_error, their_error)

@@ -16,9 +16,10 @@ start from the sub-block's range, then try 21 slightly different steps, refit sc
 quants by weighted least squares (weights |x| + the sub-block's root mean square, so large values count more),
 and keep whichever fit has the least weighted squared error. The eight scales (and minimums) are then stored as
 6-bit multiples of the largest, and every value is quantized once more against the stored, rounded scales.
-The bytes match ggml's own quantize_row_q4_K_ref but for float rounding in sums (99.9% of bytes on Gaussian
-weights), with the same error: a round trip's root-mean-square error is 0.0715 of the weights' own on Gaussian
-weights, 0.093 on heavy-tailed (Student's t, 3 degrees of freedom) ones (tests/test_gguf_q4.py bounds it).
+The blocks are ggml's own quantize_row_q4_K_ref's but for float rounding in sums (98% of blocks, 99.9% of bytes on
+Gaussian weights), with the same error: a round trip's root-mean-square error is 0.0715 of the weights' own on
+Gaussian weights, 0.093 on heavy-tailed (Student's t, 3 degrees of freedom) ones. tests/test_gguf_q4.py bounds
+both, the first against libggml-base itself where GPT2_LLAMA_CPP_BIN names llama.cpp's build/bin.
 """
 
 from __future__ import annotations
