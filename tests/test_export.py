@@ -323,7 +323,7 @@ def test_export_dtype_defaults_per_format_and_accepts_common_spellings(format, d
     assert export_dtype(format, dtype) == expected
 
 
-@pytest.mark.parametrize("format, dtype", [("gguf", "q4_k"), ("llmc", "f16"), ("hf", "bf16")])
+@pytest.mark.parametrize("format, dtype", [("gguf", "q6_k"), ("llmc", "f16"), ("hf", "bf16")])
 def test_export_dtype_refuses_what_a_format_cannot_store(format, dtype):
     with pytest.raises(ValueError, match=f"--dtype {dtype} is not available for --format {format}"):
         export_dtype(format, dtype)

@@ -7,7 +7,7 @@
     gpt2 export --model gpt2 --format onnx --dtype int8 --out gpt2-onnx      # onnx/model.onnx + model_quantized.onnx
     gpt2 export --model gpt2 --format gguf-lora --adapter out/poems --out poems.gguf   # llama-cli -m ... --lora
 
-Formats and dtypes (default first): gguf f16|f32|bf16|q8_0|q4_0; gguf-lora f16|f32; llmc f32|bf16; hf f32; onnx
+Formats and dtypes (default first): gguf f16|f32|bf16|q8_0|q4_0|q4_k; gguf-lora f16|f32; llmc f32|bf16; hf f32; onnx
 f32|int8 (ONNX Runtime, transformers.js; needs the onnx extra: pip install 'gpt2-faithful[onnx]'). --adapter: with
 gguf-lora, the LoRA adapter (PEFT's format) written for the model; with the others, merged into the model first.
 An existing --out (for llmc, also the gpt2_tokenizer.bin beside it) is replaced only with --overwrite.

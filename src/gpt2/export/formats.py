@@ -2,7 +2,7 @@
 
 | format | writes | dtypes (default first) | read by |
 |---|---|---|---|
-| gguf | one `.gguf` file | f16, f32, bf16, q8_0, q4_0 | llama.cpp (`llama-cli -m`), anything built on it |
+| gguf | one `.gguf` file | f16, f32, bf16, q8_0, q4_0, q4_k | llama.cpp (`llama-cli -m`), anything built on it |
 | gguf-lora | one `.gguf` file: a LoRA adapter for the model | f16, f32 | llama.cpp (`llama-cli -m BASE --lora`) |
 | llmc | the `.bin` checkpoint + `gpt2_tokenizer.bin` beside it | f32, bf16 | karpathy/llm.c's trainers |
 | hf | a directory: config.json, model.safetensors, tokenizer | f32 | transformers, `gpt2.api.LLM.load` |

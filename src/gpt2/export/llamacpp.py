@@ -16,7 +16,16 @@ norms (1-D) and the position embedding stay F32, as the converter keeps them (ll
 that). q8_0 needs rows that are a multiple of 32 values; a weight whose rows are not falls back to F16, as
 in the converter. q4_0 (llama.cpp's most used 4-bit type: blocks of 32 weights, one f16 scale each, through the
 gguf package's quantizer) applies to the blocks' 2-D weights; the token embedding, which is also the output
-layer, stays q8_0 (`Q4_0_KEEPS_Q8_0`).
+layer, stays q8_0 (`FOUR_BIT_KEEPS_Q8_0`).
+
+q4_k (llama.cpp's k-quant Q4_K: super-blocks of 256 weights in 8 sub-blocks of 32, each sub-block a 6-bit scale
+and minimum; our quantizer, gpt2.export.kquants) also applies to the blocks' 2-D weights, with the token
+embedding at q8_0. The file type is MOSTLY_Q4_K_S: `llama-quantize ... Q4_K_S` likewise makes the blocks' weights
+Q4_K, except the first eighth of the layers' ffn_down (Q5_K), and the output layer Q6_K; we have neither Q5_K nor
+Q6_K, so those ffn_down stay Q4_K and the output layer takes q8_0 (more bits than Q6_K). Not Q4_K_M: that gives the
+fused attention weights Q5_K and half the ffn_down Q6_K. A weight whose rows are not a multiple of 256 values (a
+tiny model's width) takes q5_0 instead, as llama-quantize falls back from Q4_K, and F16 where its rows are not
+whole 32-value blocks either.
 
 Needs the `gguf` package (llama.cpp's own reader/writer): `pip install 'gpt2-faithful[gguf]'`.
 The names and the reader are in gpt2.weights.gguf (`load_model` reads these files back).
@@ -37,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from gpt2.export.common import check_tokenizer_fits, float32_tensors, unwrap
+from gpt2.export.kquants import QK_K, quantize_q4_k
 from gpt2.model import GPT
 from gpt2.runtime.files import atomic_output
 from gpt2.runtime.gguf import gguf_package
@@ -44,13 +54,13 @@ from gpt2.tokenizer import Tokenizer
 from gpt2.tokenizer.protocol import TextTokenizer
 from gpt2.weights.gguf import ARCHITECTURE, BLOCK_TENSOR_NAMES, gguf_tensor_name
 
-GGUF_DTYPES = ("f16", "f32", "bf16", "q8_0", "q4_0")  # the converter's default first
+GGUF_DTYPES = ("f16", "f32", "bf16", "q8_0", "q4_0", "q4_k")  # the converter's default first
 
 # Tensors that stay F32 whatever the file type (besides every 1-D tensor): llama.cpp's converter keeps them so.
 ALWAYS_F32 = ("position_embd.weight",)
-# q4_0 keeps the token embedding, which GPT-2 also uses as its output layer, at 8 bits: llama-quantize gives the
-# output layer more bits than the rest for the same reason (its error reaches every logit directly).
-Q4_0_KEEPS_Q8_0 = ("token_embd.weight", "output.weight")
+# q4_0 and q4_k keep the token embedding, which GPT-2 also uses as its output layer, at 8 bits: llama-quantize gives
+# the output layer more bits than the rest for the same reason (its error reaches every logit directly).
+FOUR_BIT_KEEPS_Q8_0 = ("token_embd.weight", "output.weight")
 
 
 def _gguf() -> Any:
@@ -66,6 +76,7 @@ def _file_types(gguf: Any) -> dict[str, tuple[Any, Any]]:
         "bf16": (file_type.MOSTLY_BF16, quant.BF16),
         "q8_0": (file_type.MOSTLY_Q8_0, quant.Q8_0),
         "q4_0": (file_type.MOSTLY_Q4_0, quant.Q4_0),
+        "q4_k": (file_type.MOSTLY_Q4_K_S, quant.Q4_K),
     }
 
 
@@ -106,7 +117,7 @@ def export_gguf(
 ) -> Path:
     """Write `model` and its tokenizer as one GGUF file llama.cpp loads (`llama-cli -m PATH`).
 
-    dtype: 'f32', 'f16', 'bf16' or 'q8_0' (see the module docstring for which tensors it applies to).
+    dtype: one of GGUF_DTYPES (see the module docstring for which tensors it applies to).
     name: `general.name` (default: the file's stem). The file appears only once complete.
     """
     if dtype not in GGUF_DTYPES:
@@ -118,6 +129,7 @@ def export_gguf(
     path = Path(path)
     tokens, token_types, merges = gguf_vocabulary(tokenizer, config.vocab_size)
     file_type, wanted = _file_types(gguf)[dtype]
+    four_bit = (gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_K)
 
     writer = gguf.GGUFWriter(None, ARCHITECTURE)
     for our_name, array in _llamacpp_order(float32_tensors(model)):
@@ -125,13 +137,9 @@ def export_gguf(
         qtype = wanted
         if array.ndim <= 1 or gguf_name.endswith("_norm.weight") or gguf_name in ALWAYS_F32:
             qtype = gguf.GGMLQuantizationType.F32
-        elif qtype == gguf.GGMLQuantizationType.Q4_0 and gguf_name in Q4_0_KEEPS_Q8_0:
+        elif qtype in four_bit and gguf_name in FOUR_BIT_KEEPS_Q8_0:
             qtype = gguf.GGMLQuantizationType.Q8_0
-        try:
-            data = gguf.quants.quantize(array, qtype)
-        except gguf.QuantError:  # q8_0 / q4_0 on rows that are not whole 32-value blocks
-            qtype = gguf.GGMLQuantizationType.F16
-            data = gguf.quants.quantize(array, qtype)
+        qtype, data = _quantize(gguf, array, qtype)
         writer.add_tensor(gguf_name, data, raw_dtype=qtype)
 
     # metadata in the order llama.cpp's converter writes it
@@ -161,6 +169,19 @@ def export_gguf(
         writer.add_unk_token_id(eot)
 
     return write_gguf(writer, path)
+
+
+def _quantize(gguf: Any, array: np.ndarray, qtype: Any) -> tuple[Any, np.ndarray]:
+    """(the type written, the data) of `array` as `qtype`, or as the type llama-quantize falls back to where its
+    rows do not fit: Q4_K -> Q5_0 (rows not a multiple of 256), then anything -> F16 (not whole 32-value blocks)."""
+    if qtype == gguf.GGMLQuantizationType.Q4_K:
+        if array.shape[-1] % QK_K == 0:
+            return qtype, quantize_q4_k(array)
+        qtype = gguf.GGMLQuantizationType.Q5_0
+    try:
+        return qtype, gguf.quants.quantize(array, qtype)
+    except gguf.QuantError:  # q8_0 / q5_0 / q4_0 on rows that are not whole 32-value blocks
+        return gguf.GGMLQuantizationType.F16, gguf.quants.quantize(array, gguf.GGMLQuantizationType.F16)
 
 
 def write_gguf(writer: Any, path: Path) -> Path:
