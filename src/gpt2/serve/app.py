@@ -63,6 +63,7 @@ from gpt2.serve.protocol import (
 )
 from gpt2.serve.tokens import detokenize, embedding_inputs, embedding_response, tokenize
 from gpt2.tokenizer.chat import encode_chat
+from gpt2.weights.adapters import LoRAAdapter
 
 logger = logging.getLogger(__name__)
 
@@ -391,12 +392,16 @@ class _Service:
         return self.encode(ids, "messages")
 
     def sequences(
-        self, parsed: GenerationRequest, prompts: Sequence[list[int]], *, prompt_logprobs: bool = False
+        self,
+        parsed: GenerationRequest,
+        prompts: Sequence[list[int]],
+        adapter: LoRAAdapter | None,
+        *,
+        prompt_logprobs: bool = False,
     ) -> list[SequenceRequest]:
         """One sequence per prompt and choice: choice index = prompt index * n + i, the i-th with seed + i; each
-        with the adapter the request's `model` names (the base model's name: none)."""
+        with the adapter the request's `model` names (`ServedModels.resolve`; None: the base model)."""
         params = parsed.params
-        adapter = self.models.resolve(parsed.model)
         try:
             steering = tuple(parse_steering(parsed.steering, self.llm.model, self.saes))
         except ValueError as err:
@@ -417,13 +422,13 @@ class _Service:
     # ------------------------------------------------------------------------------------ completions
     async def completions(self, request: Request) -> Response:
         parsed = parse_completion_request(await self.read_json(request), max_prompts=self.config.max_prompts)
-        self.models.resolve(parsed.model)  # an unknown model is a 404 before anything else
+        adapter = self.models.resolve(parsed.model)  # an unknown model is a 404 before anything else
         self.check_choices(len(parsed.prompts) * parsed.params.n)
         prompts = await run_in_threadpool(lambda: [self.encode(prompt, "prompt") for prompt in parsed.prompts])
         n = parsed.params.n
         scoring = parsed.echo and parsed.logprobs is not None
         submission = await self.submit(
-            self.sequences(parsed, prompts, prompt_logprobs=scoring), parsed.structured_field
+            self.sequences(parsed, prompts, adapter, prompt_logprobs=scoring), parsed.structured_field
         )
         choices = [SequenceOutput(index) for index in range(len(prompts) * n)]
         prompt_of = [prompts[index // n] for index in range(len(choices))]
@@ -507,10 +512,10 @@ class _Service:
     # ------------------------------------------------------------------------------------ chat
     async def chat(self, request: Request) -> Response:
         parsed = parse_chat_request(await self.read_json(request))
-        self.models.resolve(parsed.model)
+        adapter = self.models.resolve(parsed.model)
         self.check_choices(parsed.params.n)
         prompt = await run_in_threadpool(self.encode_chat, parsed.messages)
-        submission = await self.submit(self.sequences(parsed, [prompt]), parsed.structured_field)
+        submission = await self.submit(self.sequences(parsed, [prompt], adapter), parsed.structured_field)
         choices = [SequenceOutput(index) for index in range(parsed.params.n)]
         response_id, created = new_id("chatcmpl"), now()
         if parsed.stream:

@@ -189,7 +189,6 @@ class SequenceState:
             and request.adapter is None
             and speculates(request.params, rules=bool(self.processors), logprobs=request.logprobs is not None)
         )
-        self.namespace = b"" if request.adapter is None else request.adapter.key  # in the prefix cache
         self.generator = torch.Generator(device=device)
         if params.seed is not None:
             self.generator.manual_seed(params.seed)
@@ -200,6 +199,11 @@ class SequenceState:
     def prefills(self) -> bool:
         """Whether its prompt goes through the model: one with nothing to generate only if scored."""
         return self.max_new > 0 or self.request.prompt_logprobs
+
+    @property
+    def namespace(self) -> bytes:
+        """Its prompt's namespace in the prefix cache: its adapter's key (b"": the base model's)."""
+        return b"" if self.request.adapter is None else self.request.adapter.key
 
     @property
     def done(self) -> bool:
