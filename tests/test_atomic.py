@@ -82,9 +82,8 @@ def test_a_native_kernel_build_killed_mid_build_does_not_block_the_next(tmp_path
 
     if not kernels.kernels_available():
         pytest.skip("the native kernels do not build here")
-    name = f"gpt2_cpu_decode_{kernels._build_key()}"
-    built = Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache" / "torch_extensions")) / name
-    copy = tmp_path / "extensions" / name
+    built = kernels.build_folder(kernels.active_isa())
+    copy = tmp_path / "extensions" / built.name
     shutil.copytree(built, copy, ignore=shutil.ignore_patterns("lock", kernels.BUILD_LOCK))
     (copy / "lock").write_text("")  # what a killed builder leaves
     done = run_python(

@@ -7,9 +7,17 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
+import torch.nn as nn
 
+from gpt2.bench.bandwidth import decode_step_bytes
 from gpt2.bench.record import Environment, Recorder, markdown_table, ratio_of
+from gpt2.bench.timing import interleaved
 from gpt2.cli import main
+from gpt2.config import GPTConfig
+from gpt2.cpu.kernels import onednn_available
+from gpt2.cpu.layouts import OneDNNLinear, pack_weights
+from gpt2.model import GPT
 
 SCHEMA = {"area", "name", "params", "value", "values", "unit", "peer", "peer_value", "peer_values", "ratio",
           "machine", "torch", "commit", "date", "command"}  # fmt: skip
@@ -39,17 +47,85 @@ def test_decode_prints_one_json_record_per_measurement(capsys):
     argv = ["bench", "decode", *TINY, "--precisions", "float32,int8", "--batch-sizes", "1,2", "--new-tokens", "4"]
     assert main(argv) == 0
     found = records(capsys.readouterr().out)
-    assert [(r["params"]["precision"], r["params"]["batch"]) for r in found] == [
+    assert all(set(record) == SCHEMA and record["area"] == "decode" for record in found)
+    rates = [record for record in found if record["name"] == "decode tokens/s"]
+    assert [(r["params"]["precision"], r["params"]["batch"]) for r in rates] == [
         ("float32", 1), ("float32", 2), ("int8", 1), ("int8", 2),
     ]  # fmt: skip
-    for record in found:
-        assert set(record) == SCHEMA
-        assert record["area"] == "decode" and record["unit"] == "tokens/s" and record["value"] > 0
+    for record in rates:
+        assert record["unit"] == "tokens/s" and record["value"] > 0
         assert len(record["values"]) == 2 and record["peer"] is None
+        assert record["params"]["isa"] == "pytorch"  # GPT2_NATIVE_KERNELS=0
         assert record["command"] == (
             "gpt2 bench decode --preset gpt2-tiny --tokenizer bytes --repetitions 2 --warmup 0 --precisions "
             "float32,int8 --batch-sizes 1,2 --new-tokens 4"
         )
+
+
+def test_decode_at_batch_1_gives_weight_bandwidth_as_a_fraction_of_the_read_bandwidth(capsys):
+    argv = ["bench", "decode", *TINY, "--precisions", "float32,int8", "--batch-sizes", "1,2", "--new-tokens", "4"]
+    assert main(argv) == 0
+    found = records(capsys.readouterr().out)
+    (read,) = [record for record in found if record["name"] == "read bandwidth GB/s"]
+    assert read["unit"] == "GB/s" and read["value"] > 0 and read["params"]["buffer_mib"] == 512
+    weights = [record for record in found if record["name"] == "weight GB/s"]
+    assert [(r["params"]["precision"], r["params"]["batch"]) for r in weights] == [("float32", 1), ("int8", 1)]
+    for record in weights:
+        assert record["unit"] == "GB/s" and len(record["values"]) == 2 and record["params"]["step_mb"] > 0
+        assert record["peer"] == "read bandwidth" and record["peer_value"] == read["value"]
+        assert record["ratio"] == pytest.approx(record["value"] / read["value"], abs=1e-3)
+
+
+def test_interleaved_alternates_the_engines_and_keeps_no_warmup():
+    calls: list[str] = []
+
+    def engine(name: str):
+        def run() -> str:
+            calls.append(name)
+            return f"{name} {sum(call == name for call in calls)}"
+
+        return run
+
+    results = interleaved({"ours": engine("ours"), "peer": engine("peer")}, warmup=2, repetitions=3)
+    assert calls == ["ours", "peer"] * 2 + ["ours", "peer", "peer", "ours", "ours", "peer"]
+    assert results == {"ours": ["ours 3", "ours 4", "ours 5"], "peer": ["peer 3", "peer 4", "peer 5"]}
+
+
+def test_interleaved_without_repetitions_only_warms_up():
+    calls: list[str] = []
+    assert interleaved({"ours": lambda: calls.append("ours")}, warmup=1, repetitions=0) == {"ours": []}
+    assert calls == ["ours"]
+
+
+def tiny_model() -> GPT:
+    """2 blocks of width 32 (in_features a multiple of the kernels' blocks of 32), a vocabulary of 100 (not a
+    multiple of the packed formats' tiles of 16 rows)."""
+    torch.manual_seed(0)
+    return GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=100, block_size=16)).eval()
+
+
+@pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN")
+def test_decode_step_bytes_counts_float32_weights_not_onednns_packed_copy():
+    model = tiny_model()
+    layers = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    for name, linear in layers:  # as prepare_for_inference lays float32 out where the native kernels run
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child, OneDNNLinear.from_linear(linear))  # packs its copy now
+    # weights (out x in) and biases of c_attn 96x32, attn.c_proj 32x32, c_fc 128x32, mlp.c_proj 32x128
+    linears = 96 * 32 + 96 + 32 * 32 + 32 + 128 * 32 + 128 + 32 * 128 + 32
+    norms = 2 * (32 + 32)  # ln_1, ln_2: weight and bias
+    head = 100 * 32 + 2 * 32  # the tied LM head (V, C), and ln_f
+    assert decode_step_bytes(model) == 4 * (2 * (linears + norms) + head)
+
+
+def test_decode_step_bytes_counts_int8_tiles_with_their_padding_and_scales():
+    model = pack_weights(tiny_model(), "int8")
+    # a NativeLinear: int8 codes and float32 scales of the rows padded to 16, float32 bias; LayerNorms in bfloat16
+    linears = (96 * 32 + 4 * 96 + 4 * 96) + (32 * 32 + 4 * 32 + 4 * 32) + (128 * 32 + 4 * 128 + 4 * 128)
+    linears += 32 * 128 + 4 * 32 + 4 * 32
+    norms = 2 * 2 * (32 + 32)
+    head = 112 * 32 + 4 * 112 + 2 * 2 * 32  # 100 rows padded to 112, no bias; ln_f
+    assert decode_step_bytes(model) == 2 * (linears + norms) + head
 
 
 def test_decode_md_prints_a_table(capsys):
@@ -62,7 +138,7 @@ def test_decode_md_prints_a_table(capsys):
 def test_transformers_peer_is_measured_in_the_same_run(capsys):
     argv = ["bench", "decode", *TINY, "--precisions", "float32", "--new-tokens", "4", "--peer", "transformers"]
     assert main(argv) == 0
-    (record,) = records(capsys.readouterr().out)
+    (record,) = [record for record in records(capsys.readouterr().out) if record["name"] == "decode tokens/s"]
     assert record["peer"] == "transformers float32"
     assert len(record["peer_values"]) == 2 and record["peer_value"] > 0
     assert record["ratio"] == pytest.approx(record["value"] / record["peer_value"], rel=1e-2)
@@ -129,7 +205,7 @@ def test_gpu_profile_dry_run_writes_every_step(tmp_path: Path, gpt2_bpe_dir: Pat
             ("serve", "itl p99"), ("serve", "tokens/s")} <= seen  # fmt: skip
     optimizers = {line["params"]["optimizer"] for line in lines if line["area"] == "train"}
     assert optimizers == {"adamw", "muon"}
-    assert {line["params"]["batch"] for line in lines if line["area"] == "decode"} == {1, 4}
+    assert {line["params"]["batch"] for line in lines if line["name"] == "decode tokens/s"} == {1, 4}
     mfu = next(line for line in lines if line["name"] == "MFU")
     assert mfu["params"]["peak_tflops"] == 989.0
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,19 +18,18 @@ from gpt2.config import GPTConfig
 from gpt2.cpu import Int4Linear, Int8Linear, SplitLinear, prepare_for_inference
 from gpt2.cpu.decoder import FLOAT32_MAX_ROWS, native_decoder
 from gpt2.cpu.kernels import (
+    ISA_VARIABLE,
     KIND,
     MANY_ROWS,
-    SOURCE,
     SWITCH_VARIABLE,
-    VECTOR_FLAGS,
     NativeLinear,
     kernels_available,
     native_linear,
     pack_int4,
     pack_int8,
+    runnable_isas,
     unpack_int4,
     unpack_int8,
-    use_native_kernels,
 )
 from gpt2.inference import stream
 from gpt2.inference.generation import DecodeOptions, left_pad
@@ -50,19 +48,21 @@ def window(native: bool) -> DecodeOptions:
 PRECISIONS = ["float32", "bfloat16", "int8", "int4"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def native_kernels() -> Iterator[None]:
-    """These tests need the kernels built; under CI (which has a C++ compiler) not building them is a failure.
-    They use them on any CPU (GPT2_NATIVE_KERNELS=1): inference picks them by default only with AVX-512, and the
-    portable loops other CPUs run must be right too."""
-    if not kernels_available():
-        message = "the native CPU kernels did not build here (they need a C++ compiler; see the log line)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+@pytest.fixture(scope="module", autouse=True, params=runnable_isas())
+def native_kernels(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every test of this module runs on each build of the kernels this CPU executes (GPT2_CPU_ISA: AVX-512, AVX2,
+    the portable reference; NEON under qemu in tests/test_kernel_harness.py). Under CI (which has a C++ compiler) a
+    build that does not build is a failure."""
+    isa = request.param
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(SWITCH_VARIABLE, "1")
-        yield
+        patch.setenv(ISA_VARIABLE, isa)
+        patch.delenv(SWITCH_VARIABLE, raising=False)
+        if not kernels_available(isa):
+            message = f"the {isa} build of the native CPU kernels did not build here (see the log line)"
+            if os.environ.get("CI", "").lower() == "true":
+                pytest.fail(message)
+            pytest.skip(message)
+        yield isa
 
 
 def random_gpt(*, n_embd: int = 64, block_size: int = 64, vocab_size: int = 300) -> GPT:
@@ -406,29 +406,6 @@ def test_onednn_layer_takes_nn_linears_path_where_gradients_are_needed() -> None
         torch.testing.assert_close(onednn(x), F.linear(x, linear.weight, linear.bias), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize(
-    ("variable", "flags", "expected"),
-    [
-        (None, set(VECTOR_FLAGS) | {"avx2"}, True),  # AVX-512: the vector paths, the fast path
-        (None, {"avx", "avx2", "fma"}, False),  # AVX2 only: the portable loops, slower than PyTorch's layouts
-        ("1", {"avx", "avx2", "fma"}, True),  # asked for on any CPU
-        ("0", set(VECTOR_FLAGS), False),  # switched off
-    ],
-)
-def test_inference_uses_the_kernels_by_default_only_on_cpus_with_their_vector_paths(
-    variable: str | None, flags: set[str], expected: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    if variable is None:
-        monkeypatch.delenv(SWITCH_VARIABLE, raising=False)
-    else:
-        monkeypatch.setenv(SWITCH_VARIABLE, variable)
-    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset(flags))
-    assert use_native_kernels() is expected
-    model = prepare_for_inference(random_gpt(), "int8")
-    assert isinstance(model.transformer.h[0].mlp.c_fc, NativeLinear if expected else Int8Linear)
-    assert (native_decoder(model) is not None) is expected
-
-
 @pytest.mark.parametrize(("precision", "layer"), [("float32", SplitLinear), ("int8", Int8Linear), ("int4", Int4Linear)])
 @pytest.mark.parametrize("fast_bfloat16", [True, False])
 def test_without_the_kernels_prepare_falls_back_to_the_pytorch_layouts(
@@ -455,54 +432,3 @@ def test_a_model_with_inputs_outside_blocks_of_32_keeps_the_pytorch_layouts() ->
     model = prepare_for_inference(random_gpt(n_embd=48), "int8")  # 48 inputs: not whole blocks of 32
     assert type(model.lm_head) is Int8Linear
     assert native_decoder(model) is None
-
-
-# ------------------------------------------------------------------------------------------ builds for other CPUs
-BUILDS = {
-    # the plain C++ paths of CPUs without AVX-512
-    "portable": ("-march=x86-64-v2", ()),
-    # AVX-512 without the bfloat16 dot-product instructions (Skylake-X to Ice Lake): bfloat16 widened to float32
-    "avx512_no_bf16": ("-march=skylake-avx512", VECTOR_FLAGS),
-}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("build", list(BUILDS))
-def test_other_builds_compute_what_this_cpus_build_computes(build: str, tmp_path: Path) -> None:
-    """The same source for other CPUs, loaded under another namespace (each on the CPUs that can run it)."""
-    from torch.utils.cpp_extension import load
-
-    march, needs = BUILDS[build]
-    if not kernels.cpu_flags().issuperset(needs):
-        pytest.skip(f"this CPU lacks {', '.join(needs)}")
-    library = f"gpt2_{build}"
-    load(
-        name=f"{library}_test",
-        sources=[str(SOURCE)],
-        extra_cflags=["-O2", march, "-fopenmp", f"-DGPT2_OPS={library}"],
-        build_directory=str(tmp_path),
-        is_python_module=False,
-    )
-    other = getattr(torch.ops, library)
-    torch.manual_seed(SEED)
-    layer = torch.nn.Linear(128, 301)
-    for rows in (1, 2, 5):  # one row, few rows, blocks of 4 and a rest
-        x = torch.randn(rows, 128)
-        for precision in PRECISIONS:
-            weight, scale = stored(layer, precision)
-            arguments = (weight, scale, layer.bias.detach(), KIND[precision], 301)
-            torch.testing.assert_close(other.linear(x, *arguments), native_linear(x, *arguments), atol=1e-5, rtol=1e-5)
-            if precision in ("int8", "int4") and rows == 1:
-                dequantized = (weight, scale, KIND[precision], 128, 301, torch.float32)
-                assert torch.equal(other.dequantize(*dequantized), torch.ops.gpt2.dequantize(*dequantized))
-    model = random_gpt()
-    tokens, key_mask, cache, positions = step_inputs(model, [7, 3])
-    theirs = copy.deepcopy(cache)
-    logits = native_decoder(model, library=library).step(  # type: ignore[union-attr]
-        tokens, cache, positions=positions, key_mask=key_mask
-    )
-    expected = native_decoder(model).step(tokens, theirs, positions=positions, key_mask=key_mask)  # type: ignore[union-attr]
-    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
-    span, cache = torch.tensor([3, 1, 4, 1, 5, 9]), prefilled(model, 7)
-    logits = native_decoder(model, library=library).extend(span, copy.deepcopy(cache))  # type: ignore[union-attr]
-    torch.testing.assert_close(logits, native_decoder(model).extend(span, cache), atol=1e-5, rtol=1e-5)  # type: ignore[union-attr]

@@ -18,23 +18,17 @@ from __future__ import annotations
 import argparse
 import functools
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
 
+from gpt2.bench.timing import interleaved, timed
 from gpt2.config import GPTConfig
 from gpt2.cpu.layouts import OneDNNLinear, prepare_for_inference
 from gpt2.model import GPT
 from gpt2.serve.batch import DecodeBatch
 
 PROMPT = 64  # tokens each row of a step has before it
-
-
-def milliseconds(run: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    run()
-    return (time.perf_counter() - start) * 1e3
 
 
 @torch.no_grad()
@@ -69,16 +63,20 @@ def main() -> None:
     def plain(layer: OneDNNLinear) -> torch.Tensor:
         return layer.weight
 
-    def timed(cases: dict[str, tuple[bool, Callable[[], object]]]) -> dict[str, float]:
+    def case(packed: bool, run: Callable[[], object]) -> Callable[[], float]:
+        """Milliseconds of `run`, oneDNN multiplying by the packed weight or by the plain one."""
+
+        def measure() -> float:
+            OneDNNLinear.packed_weight = packed_weight if packed else plain  # type: ignore[method-assign]
+            return timed(run) * 1e3
+
+        return measure
+
+    def medians(cases: dict[str, tuple[bool, Callable[[], object]]]) -> dict[str, float]:
         """Each case (packed?, run) --repeats times, alternating, after a warm-up of each."""
-        timings: dict[str, list[float]] = {name: [] for name in cases}
         try:
-            for repeat in range(args.repeats + 1):
-                for name, (packed, run) in cases.items():
-                    OneDNNLinear.packed_weight = packed_weight if packed else plain  # type: ignore[method-assign]
-                    elapsed = milliseconds(run)
-                    if repeat:
-                        timings[name].append(elapsed)
+            runs = {name: case(packed, run) for name, (packed, run) in cases.items()}
+            timings = interleaved(runs, warmup=1, repetitions=args.repeats)
         finally:
             OneDNNLinear.packed_weight = packed_weight  # type: ignore[method-assign]
         return {name: statistics.median(values) for name, values in timings.items()}
@@ -87,13 +85,13 @@ def main() -> None:
     print(f"{'prefill P':>10} {'plain':>8} {'packed':>8} {'speedup':>8}")
     for tokens in args.tokens:
         run = functools.partial(prefill, model, tokens)
-        result = timed({"plain": (False, run), "packed": (True, run)})
+        result = medians({"plain": (False, run), "packed": (True, run)})
         speedup = result["plain"] / result["packed"]
         print(f"{tokens:>10} {result['plain']:>8.1f} {result['packed']:>8.1f} {speedup:>7.2f}x")
     print(f"\n{'step B':>10} {'native':>8} {'plain':>8} {'packed':>8}  fastest")
     for rows in args.rows:
         cases = {"native": (True, True), "plain": (False, False), "packed": (True, False)}  # (packed?, native?)
-        result = timed({name: (packed, stepper(model, rows, native)) for name, (packed, native) in cases.items()})
+        result = medians({name: (packed, stepper(model, rows, native)) for name, (packed, native) in cases.items()})
         fastest = min(result, key=lambda name: result[name])
         print(f"{rows:>10} {result['native']:>8.1f} {result['plain']:>8.1f} {result['packed']:>8.1f}  {fastest}")
 

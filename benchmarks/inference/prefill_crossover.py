@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
+from collections.abc import Callable
 
 import torch
 
+from gpt2.bench.timing import interleaved, timed
 from gpt2.config import GPTConfig
 from gpt2.cpu import kernels
 from gpt2.cpu.layouts import prepare_for_inference
@@ -27,9 +28,17 @@ from gpt2.model import GPT
 def prefill_ms(model: GPT, tokens: int) -> float:
     ids = torch.arange(100, 100 + tokens).view(1, tokens)
     cache = model.new_kv_cache(1, max_len=tokens)
-    start = time.perf_counter()
-    model.hidden_states(ids, kv_cache=cache, validate=False)
-    return (time.perf_counter() - start) * 1e3
+    return timed(lambda: model.hidden_states(ids, kv_cache=cache, validate=False)) * 1e3
+
+
+def prefill_with_threshold(model: GPT, tokens: int, precision: str, threshold: int) -> Callable[[], float]:
+    """A prefill's milliseconds with the layers' threshold of `precision` set to `threshold` rows."""
+
+    def run() -> float:
+        kernels.MANY_ROWS[precision] = threshold
+        return prefill_ms(model, tokens)
+
+    return run
 
 
 def main() -> None:
@@ -48,12 +57,10 @@ def main() -> None:
             torch.manual_seed(0)
             model = prepare_for_inference(GPT(GPTConfig.from_name("gpt2")).eval(), precision=precision)
             for tokens in args.tokens:
-                timings: dict[str, list[float]] = {"native": [], "dequantized": []}
-                for _ in range(args.repeats + 1):  # the first of each is a warm-up
-                    for name, threshold in (("native", 10**9), ("dequantized", 1)):
-                        kernels.MANY_ROWS[precision] = threshold
-                        timings[name].append(prefill_ms(model, tokens))
-                native, dequantized = (statistics.median(values[1:]) for values in timings.values())
+                ways = {name: prefill_with_threshold(model, tokens, precision, threshold)
+                        for name, threshold in (("native", 10**9), ("dequantized", 1))}  # fmt: skip
+                timings = interleaved(ways, warmup=1, repetitions=args.repeats)
+                native, dequantized = (statistics.median(values) for values in timings.values())
                 faster = "native" if native < dequantized else "dequantized"
                 print(f"{precision:>9} {tokens:>4} {native:>8.1f} {dequantized:>8.1f}  {faster}")
     finally:

@@ -16,10 +16,11 @@ import argparse
 import contextlib
 import json
 import statistics
-import time
+from collections.abc import Callable
 
 import torch
 
+from gpt2.bench.timing import interleaved, timed
 from gpt2.config import GPTConfig
 from gpt2.inference.generation import generate
 from gpt2.inference.steering import AddVector, steer
@@ -44,17 +45,22 @@ def main() -> None:
         "one_row": [[vector]] + [[] for _ in range(args.batch_size - 1)] if args.batch_size > 1 else [[vector]],
         "every_row": [[vector]],
     }
-    times: dict[str, list[float]] = {name: [] for name in plans}
+
+    def ms_per_step(plan: list[list[AddVector]] | None) -> Callable[[], float]:
+        """Milliseconds a step of one generation takes under `plan` (None: unsteered)."""
+
+        def generation() -> None:
+            generate(model, idx, args.steps, temperature=0.0, native=False, stop_token_ids=[])
+
+        def run() -> float:
+            with steer(model, plan) if plan else contextlib.nullcontext():
+                return 1000 * timed(generation) / args.steps
+
+        return run
+
+    runs = {name: ms_per_step(plan) for name, plan in plans.items()}
     with torch.no_grad():
-        for repeat in range(args.repeats + 1):  # the first round warms up
-            for name, plan in plans.items():
-                context = steer(model, plan) if plan else contextlib.nullcontext()
-                with context:
-                    start = time.perf_counter()
-                    generate(model, idx, args.steps, temperature=0.0, native=False, stop_token_ids=[])
-                    elapsed = time.perf_counter() - start
-                if repeat:
-                    times[name].append(1000 * elapsed / args.steps)
+        times = interleaved(runs, warmup=1, repetitions=args.repeats)
     median = {name: statistics.median(values) for name, values in times.items()}
     for name, value in median.items():
         print(f"{name:>10}: {value:7.2f} ms a step ({value / median['plain'] - 1:+.1%})")

@@ -2,8 +2,14 @@
 
 Decode tokens/s counts the steps after the first new token (the first comes with the prefill), greedy, B rows at
 once; prefill tokens/s is one prompt into the KV cache with the logits of its last position (what generation needs
-and what llama.cpp computes). Ours and the peer alternate, repetition by repetition, so load from other processes
-falls on both alike.
+and what llama.cpp computes). Ours and the peers take turns in every repetition (`gpt2.bench.timing.interleaved`),
+so load from other processes falls on all alike.
+
+On a CPU every row names the variant of the native kernels that ran (`isa`: avx512, avx2, neon, portable; pytorch
+where inference runs on the PyTorch layouts). Decode at batch 1 adds a "weight GB/s" row: the bytes of weights a
+step reads (`gpt2.bench.bandwidth.decode_step_bytes`) x steps/s, with as its ratio the fraction of the run's "read
+bandwidth GB/s" row (a read-only pass over a large buffer, the same threads): how close the step runs to the speed
+of memory.
 
 Peers (opt-in): transformers (`GPT2LMHeadModel.generate` on the same weights; its decode rate is
 (generate n tokens - generate 1 token) / (n - 1)), llama.cpp's `llama-bench` by path (batch 1, on the GGUF `gpt2
@@ -25,9 +31,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpt2.bench.record import Recorder, timed
+from gpt2.bench.bandwidth import GB, READ_BUFFER_BYTES, decode_step_bytes, read_bandwidth
+from gpt2.bench.record import Recorder
 from gpt2.bench.setup import BenchSettings, bench_model, bench_tokenizer, copy_model, prompt_ids
+from gpt2.bench.timing import interleaved, timed
 from gpt2.cpu import prepare_for_inference
+from gpt2.cpu.kernels import active_isa
 from gpt2.inference import SamplingParams, stream
 from gpt2.model import GPT
 
@@ -36,6 +45,7 @@ GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16", "int8": "q8_0", "int4": "q4_
 ONNX_FILES = {"float32": "model.onnx", "int8": "model_quantized.onnx"}
 PEERS = ("transformers", "onnxruntime")
 PRECISIONS = ("float32", "bfloat16", "float16", "int8", "int4")  # what prepare_for_inference takes
+OURS = "ours"  # our engine's name among the peers' in one interleaved measurement
 
 
 @dataclass(frozen=True)
@@ -199,23 +209,6 @@ def onnx_decode(session: Any, model: GPT, prompt: torch.Tensor, new_tokens: int)
 
 
 # ------------------------------------------------------------------------------------ the runs
-def interleaved(
-    ours: Callable[[], float], theirs: Callable[[], float] | None, settings: BenchSettings
-) -> tuple[list[float], list[float]]:
-    """Warm-up runs, then the repetitions, ours and the peer's alternating."""
-    for _ in range(settings.warmup):
-        ours()
-        if theirs is not None:
-            theirs()
-    mine: list[float] = []
-    peer: list[float] = []
-    for _ in range(settings.repetitions):
-        mine.append(ours())
-        if theirs is not None:
-            peer.append(theirs())
-    return mine, peer
-
-
 def prepared(reference: GPT, precision: str, device: torch.device) -> GPT | None:
     """Ours at `precision` as `gpt2 sample --dtype` runs it, or None where the device has no such layout."""
     try:
@@ -250,16 +243,22 @@ class DecodeRun:
     engines: dict[str, dict[str, Any]]
     """Each peer's engine per precision (see peer_runs)."""
     prefill: bool
+    read_gbs: float | None = None
+    """This machine's read bandwidth in this run (GB/s), which the weight GB/s rows are a fraction of; None where
+    the run has no such row."""
 
 
 def run_decode(settings: BenchSettings, grid: DecodeGrid, recorder: Recorder, *, prefill: bool = False) -> None:
     """`gpt2 bench decode` (prefill=False) or `gpt2 bench prefill`: every precision and batch size (decode) or
-    prompt length (prefill), against each peer asked for."""
+    prompt length (prefill), against each peer asked for; decode at batch 1 also gives the weight GB/s beside the
+    run's read bandwidth (module docstring)."""
     reference = bench_model(settings)
     device = settings.torch_device
     with tempfile.TemporaryDirectory(prefix="gpt2-bench-") as folder:
         engines = peer_runs(reference, settings, grid, Path(folder))
         run = DecodeRun(settings, grid, recorder, reference, engines, prefill)
+        if not prefill and 1 in grid.batch_sizes:
+            run.read_gbs = measure_read_bandwidth(settings, recorder)
         for precision in grid.precisions:
             model = prepared(reference, precision, device)
             if model is None:
@@ -270,7 +269,8 @@ def run_decode(settings: BenchSettings, grid: DecodeGrid, recorder: Recorder, *,
 
 
 def measure_point(run: DecodeRun, model: GPT, precision: str, point: int) -> None:
-    """One grid point (a batch size, or a prompt length for prefill) against each peer with an engine for it."""
+    """One grid point (a batch size, or a prompt length for prefill), ours and each peer with an engine for it
+    interleaved; a record per peer (ours alone without one)."""
     settings, grid = run.settings, run.grid
     device = settings.torch_device
     vocab = run.reference.config.vocab_size
@@ -283,14 +283,42 @@ def measure_point(run: DecodeRun, model: GPT, precision: str, point: int) -> Non
         ours = lambda: ours_decode(model, prompt, grid.new_tokens)  # noqa: E731
         params = {"precision": precision, "batch": point, "prompt_tokens": grid.prompt_tokens,
                   "new_tokens": grid.new_tokens}  # fmt: skip
-    params |= settings.model_params() | {"device": device.type}
+    params |= settings.model_params() | {"device": device.type} | isa_params(device)
     area, name = ("prefill", "prefill tokens/s") if run.prefill else ("decode", "decode tokens/s")
     peers = peer_functions(run.engines, precision, prompt, grid, run.prefill, run.reference)
-    if not peers:
-        run.recorder.add(area, name, params, interleaved(ours, None, settings)[0], "tokens/s")
-    for peer_name, theirs in peers.items():
-        mine, peer = interleaved(ours, theirs, settings)
+    rates = interleaved({OURS: ours, **peers}, warmup=settings.warmup, repetitions=settings.repetitions)
+    mine = rates.pop(OURS)
+    if not rates:
+        run.recorder.add(area, name, params, mine, "tokens/s")
+    for peer_name, peer in rates.items():
         run.recorder.add(area, name, params, mine, "tokens/s", (peer_name, peer))
+    if not run.prefill and point == 1:
+        record_weight_bandwidth(run, model, params, mine)
+
+
+def isa_params(device: torch.device) -> dict[str, str]:
+    """On a CPU, the native kernels' ISA variant inference runs ("avx512", "avx2", "neon", "portable"), or
+    "pytorch" where it runs on the PyTorch layouts; nothing on other devices, where neither runs."""
+    return {"isa": active_isa()} if device.type == "cpu" else {}
+
+
+def measure_read_bandwidth(settings: BenchSettings, recorder: Recorder) -> float:
+    """This machine's read bandwidth (bandwidth.read_bandwidth) with the run's threads, recorded as its own row."""
+    device = settings.torch_device
+    gbs = read_bandwidth(device)
+    params = {"buffer_mib": READ_BUFFER_BYTES // 2**20, "threads": torch.get_num_threads(), "device": device.type}
+    recorder.add("decode", "read bandwidth GB/s", params, [gbs], "GB/s")
+    return gbs
+
+
+def record_weight_bandwidth(run: DecodeRun, model: GPT, params: dict[str, Any], rates: list[float]) -> None:
+    """At batch 1 a token is a step: the weight bytes a step reads x steps/s, each repetition; the ratio is the
+    fraction of the run's read bandwidth it reached."""
+    step_bytes = decode_step_bytes(model)
+    values = [step_bytes * rate / GB for rate in rates]
+    limit = ("read bandwidth", [run.read_gbs]) if run.read_gbs is not None else None
+    params = params | {"step_mb": round(step_bytes / 1e6, 1)}
+    run.recorder.add("decode", "weight GB/s", params, values, "GB/s", limit)
 
 
 def peer_functions(

@@ -6,6 +6,7 @@ disagreement is an error, not a figure.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,12 +14,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from gpt2.bench.record import Recorder, timed
+from gpt2.bench.record import Recorder
 from gpt2.bench.setup import SEED, BenchSettings, bench_model
+from gpt2.bench.timing import interleaved, timed
 from gpt2.eval import perplexity, sliding_windows
 from gpt2.model import GPT, IGNORE_INDEX
 
 LOSS_TOLERANCE = 1e-3  # nats: float32 sums in a different order
+OURS, TRANSFORMERS = "ours", "transformers"  # the engines' names; the peer's is its records' peer
 
 
 @dataclass(frozen=True)
@@ -61,10 +64,11 @@ def run_eval(settings: BenchSettings, work: EvalWork, recorder: Recorder) -> Non
     losses: dict[str, float] = {}
 
     def run_ours() -> None:
-        losses["ours"] = perplexity(ours, tokens, context_length=context, stride=work.stride,
-                                    batch_size=work.batch_size).loss  # fmt: skip
+        losses[OURS] = perplexity(ours, tokens, context_length=context, stride=work.stride,
+                                  batch_size=work.batch_size).loss  # fmt: skip
 
-    theirs = None
+    scored = work.tokens - 1
+    engines: dict[str, Callable[[], float]] = {OURS: lambda: scored / timed(run_ours, device)}
     if "transformers" in work.peers:
         from transformers import GPT2LMHeadModel
 
@@ -74,17 +78,15 @@ def run_eval(settings: BenchSettings, work: EvalWork, recorder: Recorder) -> Non
             save_pretrained(ours, folder)
             theirs = GPT2LMHeadModel.from_pretrained(folder).eval()
         theirs.to(device)
-    mine, peer = [], []
-    for repetition in range(settings.warmup + settings.repetitions):
-        seconds = timed(run_ours, device)
-        if repetition >= settings.warmup:
-            mine.append((work.tokens - 1) / seconds)
-        if theirs is not None:
-            seconds = timed(lambda: losses.update(theirs=transformers_loss(theirs, tokens, context, work)), device)
-            if repetition >= settings.warmup:
-                peer.append((work.tokens - 1) / seconds)
-    if theirs is not None and abs(losses["ours"] - losses["theirs"]) > LOSS_TOLERANCE:
-        raise RuntimeError(f"losses disagree: ours {losses['ours']:.5f}, transformers {losses['theirs']:.5f}")
+
+        def run_theirs() -> None:
+            losses[TRANSFORMERS] = transformers_loss(theirs, tokens, context, work)
+
+        engines[TRANSFORMERS] = lambda: scored / timed(run_theirs, device)
+    rates = interleaved(engines, warmup=settings.warmup, repetitions=settings.repetitions)
+    if TRANSFORMERS in losses and abs(losses[OURS] - losses[TRANSFORMERS]) > LOSS_TOLERANCE:
+        raise RuntimeError(f"losses disagree: ours {losses[OURS]:.5f}, transformers {losses[TRANSFORMERS]:.5f}")
     params = {"tokens": work.tokens, "context": context, "stride": work.stride, "batch": work.batch_size,
               "device": device.type, **settings.model_params()}  # fmt: skip
-    recorder.add("eval", "perplexity tokens/s", params, mine, "tokens/s", ("transformers", peer) if peer else None)
+    peer = (TRANSFORMERS, rates[TRANSFORMERS]) if TRANSFORMERS in rates else None
+    recorder.add("eval", "perplexity tokens/s", params, rates[OURS], "tokens/s", peer)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import multiprocessing
 import resource
 import tempfile
-import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ import torch
 
 from gpt2.bench.record import Recorder
 from gpt2.bench.setup import SEED, BenchSettings, bench_model
+from gpt2.bench.timing import interleaved, timed
 
 LORA_RANK, LORA_ALPHA = 8, 16
 METHODS = ("full", "lora")
@@ -112,12 +112,8 @@ def run_case(case: str, model_dir: str, work: FinetuneWork, steps: int, threads:
         ours_case(case, model_dir, work, x, y) if case.startswith("ours") else transformers_case(case, model_dir, x, y)
     )
     before = rss_mib()
-    step()  # warm-up: allocates gradients and optimizer state
-    seconds = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        seconds.append(time.perf_counter() - start)
+    # the warm-up step allocates the gradients and optimizer state, which the memory figure counts
+    seconds = interleaved({case: lambda: timed(step)}, warmup=1, repetitions=steps)[case]
     return seconds, peak_rss_mib() - before
 
 

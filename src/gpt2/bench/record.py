@@ -17,8 +17,7 @@ import platform
 import shlex
 import statistics
 import subprocess
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -115,21 +114,6 @@ def ratio_of(value: float, peer_value: float | None, unit: str) -> float | None:
     if peer_value is None or value == 0 or peer_value == 0:
         return None
     return round(peer_value / value if unit in LOWER_IS_BETTER else value / peer_value, 3)
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(function: Callable[[], object], device: torch.device | None = None) -> float:
-    """Seconds `function` takes, the device synchronized before and after."""
-    device = device or torch.device("cpu")
-    synchronize(device)
-    start = time.perf_counter()
-    function()
-    synchronize(device)
-    return time.perf_counter() - start
 
 
 class Recorder:

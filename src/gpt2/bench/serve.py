@@ -19,6 +19,7 @@ and after gives the memory each adds, beside the size of its weights.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -27,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,10 +46,12 @@ from gpt2.bench.setup import (
     save_model_directory,
     write_adapters,
 )
+from gpt2.bench.timing import interleaved
 
 SERVED_MODEL = "gpt2-bench"
 CONTEXT_PER_SLOT = 1024
 STARTUP_SECONDS = 300
+ADAPTERS, BASE_ALONE = "adapters", "base model alone"  # the loads `--adapters` compares; the second is the peer
 # ours at a dtype -> the GGUF type of the same precision for llama-server
 GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16", "int8": "q8_0"}
 
@@ -190,6 +193,15 @@ def run_load(
     }  # fmt: skip
 
 
+def load_runner(
+    url: str, clients: int, load: ServeLoad, models: tuple[str, ...] = (SERVED_MODEL,)
+) -> Callable[[], dict[str, float]]:
+    """`run_load` as a function of no arguments whose n-th call is seeded n: in one repetition every server (or
+    model) gets the same prompts, and each repetition new ones."""
+    seeds = itertools.count()
+    return lambda: run_load(url, clients, load, str(next(seeds)), models)
+
+
 def warm(url: str, load: ServeLoad, model: str = SERVED_MODEL) -> None:
     """First-call costs out of the figures: one short prompt and one of the measured length."""
     with connect(url) as http:
@@ -239,11 +251,8 @@ def run_serve(settings: BenchSettings, load: ServeLoad, recorder: Recorder) -> N
             for _ in range(settings.warmup):
                 warm(url, load)
         for clients in load.clients:
-            runs: dict[str, list[dict[str, float]]] = {name: [] for name in urls}
-            for repetition in range(settings.repetitions):
-                order = list(urls) if repetition % 2 == 0 else list(reversed(urls))
-                for name in order:
-                    runs[name].append(run_load(urls[name], clients, load, f"{repetition}"))
+            loads = {name: load_runner(url, clients, load) for name, url in urls.items()}
+            runs = interleaved(loads, warmup=0, repetitions=settings.repetitions)  # warmed once above, by warm()
             record_cell(recorder, runs["ours"], ("llama-server", runs.get("llama-server")), cell_params(clients,
                         settings, load))  # fmt: skip
 
@@ -268,14 +277,10 @@ def run_adapters(settings: BenchSettings, load: ServeLoad, recorder: Recorder) -
                 warm(url, load)
                 warm(url, load, names[0])
             for clients in load.clients:
-                mixed: list[dict[str, float]] = []
-                alone: list[dict[str, float]] = []
-                for repetition in range(settings.repetitions):
-                    order = [(mixed, names), (alone, (SERVED_MODEL,))]
-                    for runs, models in order if repetition % 2 == 0 else reversed(order):
-                        runs.append(run_load(url, clients, load, f"{repetition}", models))
+                loads = {ADAPTERS: load_runner(url, clients, load, names), BASE_ALONE: load_runner(url, clients, load)}
+                runs = interleaved(loads, warmup=0, repetitions=settings.repetitions)  # warmed once above
                 cell = {**cell_params(clients, settings, load), "adapters": load.adapters, "rank": load.adapter_rank}
-                record_cell(recorder, mixed, ("base model alone", alone), cell)
+                record_cell(recorder, runs[ADAPTERS], (BASE_ALONE, runs[BASE_ALONE]), cell)
 
 
 def resident_mib(pid: int) -> float:

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import os
 import sysconfig
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gpt2.bench.record import Recorder
 from gpt2.bench.setup import BenchSettings, bench_tokenizer
+from gpt2.bench.timing import interleaved, timed
 from gpt2.tokenizer.bpe import SPECIAL_TOKEN_SHAPE, Tokenizer
 
 MB = 1e6
+OURS, TIKTOKEN = "ours", "tiktoken"  # the engines' names; the peer's is its records' peer
 # GPT-2's split pattern as tiktoken's registry spells it (r50k_base)
 TIKTOKEN_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 
@@ -55,7 +57,7 @@ def stdlib_text(limit_bytes: int) -> str:
     return "".join(texts)
 
 
-def tiktoken_peer(tokenizer: Tokenizer) -> object:
+def tiktoken_peer(tokenizer: Tokenizer) -> Any:
     """tiktoken's Encoding over our vocabulary and merges (ranks = ids), GPT-2's split pattern."""
     import tiktoken
 
@@ -65,10 +67,9 @@ def tiktoken_peer(tokenizer: Tokenizer) -> object:
     return tiktoken.Encoding("gpt2-bench", pat_str=TIKTOKEN_PATTERN, mergeable_ranks=ranks, special_tokens={})
 
 
-def seconds_of(function: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    function()
-    return time.perf_counter() - start
+def rate_of(encode: Callable[[], object], megabytes: float) -> Callable[[], float]:
+    """A function giving the MB/s of one call of `encode`, which encodes `megabytes` of text."""
+    return lambda: megabytes / timed(encode)
 
 
 def run_tokenizer(settings: BenchSettings, work: TokenizerWork, recorder: Recorder) -> None:
@@ -79,35 +80,28 @@ def run_tokenizer(settings: BenchSettings, work: TokenizerWork, recorder: Record
     text = Path(work.text).read_text(encoding="utf-8") if work.text else stdlib_text(int(work.text_mb * MB))
     size = len(text.encode("utf-8")) / MB
     paragraphs = text.split("\n\n")
-    cases: dict[str, tuple[Callable[[], object], Callable[[], object] | None]] = {
-        "encode MB/s (1 thread)": (lambda: tokenizer.encode(text), None),
-        "batch encode MB/s (2 workers)": (lambda: tokenizer.encode_batch(paragraphs, num_threads=2), None),
+    ours: dict[str, Callable[[], object]] = {
+        "encode MB/s (1 thread)": lambda: tokenizer.encode(text),
+        "batch encode MB/s (2 workers)": lambda: tokenizer.encode_batch(paragraphs, num_threads=2),
     }
-    peer_name = None
+    theirs: dict[str, Callable[[], object]] = {}
     if "tiktoken" in work.peers:
-        peer: object = tiktoken_peer(tokenizer)
-        if peer.encode_ordinary(text) != tokenizer.encode(text):  # type: ignore[attr-defined]
+        peer = tiktoken_peer(tokenizer)
+        if peer.encode_ordinary(text) != tokenizer.encode(text):
             raise RuntimeError("tiktoken and ours disagree on the text's ids; the comparison would be meaningless")
-        peer_name = "tiktoken"
-        cases = {
-            "encode MB/s (1 thread)": (cases["encode MB/s (1 thread)"][0],
-                                       lambda: peer.encode_ordinary(text)),  # type: ignore[attr-defined]
-            "batch encode MB/s (2 workers)": (cases["batch encode MB/s (2 workers)"][0],
-                                              lambda: peer.encode_ordinary_batch(paragraphs, num_threads=2)),  # type: ignore[attr-defined]
-        }  # fmt: skip
+        theirs = {
+            "encode MB/s (1 thread)": lambda: peer.encode_ordinary(text),
+            "batch encode MB/s (2 workers)": lambda: peer.encode_ordinary_batch(paragraphs, num_threads=2),
+        }
     params = {"text": str(work.text) if work.text else f"Python stdlib source, {size:.1f} MB", "tokens":
               len(tokenizer.encode(text)), "tokenizer": settings.tokenizer or "gpt2"}  # fmt: skip
-    for name, (ours, theirs) in cases.items():
-        for _ in range(settings.warmup):
-            ours()
-        mine, peer_rates = [], []
-        for _ in range(settings.repetitions):
-            mine.append(size / seconds_of(ours))
-            if theirs is not None:
-                peer_rates.append(size / seconds_of(theirs))
-        recorder.add("tokenizer", name, params, mine, "MB/s", (peer_name, peer_rates) if peer_name else None)
+    for name, encode in ours.items():
+        engines = {OURS: encode} | ({TIKTOKEN: theirs[name]} if theirs else {})
+        rates = interleaved({engine: rate_of(run, size) for engine, run in engines.items()},
+                            warmup=settings.warmup, repetitions=settings.repetitions)  # fmt: skip
+        recorder.add("tokenizer", name, params, rates[OURS], "MB/s", (TIKTOKEN, rates[TIKTOKEN]) if theirs else None)
     if work.train_vocab:
         from gpt2.tokenizer import train_tokenizer
 
-        seconds = [seconds_of(lambda: train_tokenizer([text], vocab_size=work.train_vocab))]
+        seconds = [timed(lambda: train_tokenizer([text], vocab_size=work.train_vocab))]
         recorder.add("tokenizer", "BPE training", params | {"vocab": work.train_vocab}, seconds, "s")

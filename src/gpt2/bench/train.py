@@ -13,7 +13,6 @@ import contextlib
 import importlib.util
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,14 +20,16 @@ from typing import Any
 
 import torch
 
-from gpt2.bench.record import Recorder, synchronize
+from gpt2.bench.record import Recorder
 from gpt2.bench.setup import SEED, BenchSettings, bench_model, bench_tokenizer
+from gpt2.bench.timing import interleaved, timed
 from gpt2.model import GPT
 from gpt2.runtime.device import autocast, resolve_dtype
 from gpt2.train import Trainer, TrainingData, configure_optimizer, flops_per_token, peak_flops
 from gpt2.train.config import TrainConfig
 
 OPTIMIZERS = ("adamw", "muon")
+OURS, NANOGPT = "ours", "nanoGPT model.py"  # the engines' names; the peer's is its records' peer
 
 
 @dataclass(frozen=True)
@@ -132,19 +133,15 @@ def nanogpt_step(settings: BenchSettings, grid: TrainGrid, dtype: torch.dtype) -
                            generator=torch.Generator().manual_seed(SEED)).to(device)  # fmt: skip
     x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()  # as nanoGPT's get_batch makes them
 
-    def step() -> float:
-        synchronize(device)
-        start = time.perf_counter()
+    def step() -> None:
         with autocast(device, dtype):
             _, loss = forward(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        synchronize(device)
-        return time.perf_counter() - start
 
-    return step
+    return lambda: timed(step, device)
 
 
 def run_train(settings: BenchSettings, grid: TrainGrid, recorder: Recorder) -> None:
@@ -158,19 +155,14 @@ def run_train(settings: BenchSettings, grid: TrainGrid, recorder: Recorder) -> N
             ours = ours_step(settings, grid, optimizer, out_dir)
             dtype = resolve_dtype(grid.dtype, device)  # type: ignore[arg-type]  # what the Trainer autocasts to
             theirs = nanogpt_step(settings, grid, dtype) if grid.nanogpt and optimizer == "adamw" else None
-            for _ in range(settings.warmup + (2 if grid.compile else 0)):
-                ours()
-                if theirs is not None:
-                    theirs()
-            mine, peer = [], []
-            for _ in range(settings.repetitions):
-                mine.append(ours())
-                if theirs is not None:
-                    peer.append(theirs())
+            engines = {OURS: ours} | ({NANOGPT: theirs} if theirs is not None else {})
+            warmup = settings.warmup + (2 if grid.compile else 0)  # a compiled step settles after its first two
+            seconds = interleaved(engines, warmup=warmup, repetitions=settings.repetitions)
+            mine, peer = seconds[OURS], seconds.get(NANOGPT, [])
             params = {"optimizer": optimizer, "batch": grid.batch_size, "block": grid.block_size,
                       "dtype": str(dtype).removeprefix("torch."), "compile": grid.compile, "device": device.type,
                       **settings.model_params()}  # fmt: skip
-            peer_of = (lambda values: ("nanoGPT model.py", values)) if peer else (lambda values: None)
+            peer_of = (lambda values: (NANOGPT, values)) if peer else (lambda values: None)
             recorder.add("train", "step time", params, [s * 1e3 for s in mine], "ms", peer_of([s * 1e3 for s in peer]))
             rates = [tokens_per_step / s for s in mine]
             recorder.add("train", "tokens/s", params, rates, "tokens/s", peer_of([tokens_per_step / s for s in peer]))

@@ -33,7 +33,7 @@ def register(subparsers: Any) -> None:
               "tokenizer": add_tokenizer, "eval": add_eval, "finetune": add_finetune,
               "gpu-profile": add_profile, "all": add_all}  # fmt: skip
     helps = {
-        "decode": "decode tokens/s per precision and batch size",
+        "decode": "decode tokens/s per precision and batch size; at batch 1 the weight GB/s against the read bandwidth",
         "prefill": "prompt processing tokens/s per precision and prompt length",
         "serve": "the server under 1..N concurrent clients: tokens/s, TTFT, ITL",
         "train": "training step time, tokens/s, MFU; time to a target loss",

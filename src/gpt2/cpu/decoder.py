@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 import torch.nn as nn
 
-from gpt2.cpu.kernels import BLOCK, KIND, NativeLinear, native_ops, use_native_kernels
+from gpt2.cpu.kernels import BLOCK, KIND, NativeLinear, active_isa, library_name, native_ops, use_native_kernels
 from gpt2.cpu.layouts import OneDNNLinear
 
 if TYPE_CHECKING:
@@ -35,9 +35,7 @@ re-derives it)."""
 class NativeDecoder:
     """The C++ decoder holding references to a model's weights (no copies but float32 LayerNorm parameters)."""
 
-    def __init__(
-        self, model: GPT, linears: list[LinearSpec], *, library: str = "gpt2", max_rows: int | None = None
-    ) -> None:
+    def __init__(self, model: GPT, linears: list[LinearSpec], *, isa: str, max_rows: int | None = None) -> None:
         self.max_rows = max_rows  # None: every step is fastest here
         config = model.config
         transformer = model.transformer
@@ -47,8 +45,9 @@ class NativeDecoder:
                 norms += [norm.weight.detach(), _bias_or_zeros(norm.bias, config.n_embd)]
         norms += [transformer.ln_f.weight.detach(), _bias_or_zeros(transformer.ln_f.bias, config.n_embd)]
         weights, scales, biases, kinds, outs = (list(column) for column in zip(*linears, strict=True))
-        native_ops()  # the kernels loaded, or a clear error
-        self._decoder = getattr(torch.classes, library).Decoder(
+        native_ops(isa)  # the kernels loaded, or a clear error
+        self.isa = isa
+        self._decoder = getattr(torch.classes, library_name(isa)).Decoder(
             config.n_head,
             config.layer_norm_eps,
             transformer.wte.weight.detach(),
@@ -100,14 +99,17 @@ class NativeDecoder:
         return logits
 
 
-def native_decoder(model: GPT, *, library: str = "gpt2") -> NativeDecoder | None:
-    """A NativeDecoder for `model`, or None where the native step cannot run it (module docstring). library: the
-    namespace the kernels were loaded under (`torch.classes.<library>`; tests load a portable build under
-    another)."""
+def native_decoder(model: GPT, *, isa: str | None = None) -> NativeDecoder | None:
+    """A NativeDecoder for `model`, or None where the native step cannot run it (module docstring). isa: the kernel
+    build it runs on (gpt2.cpu.kernels.ISAS; default the active one, as inference picks it)."""
     config = model.config
     device = model.transformer.wte.weight.device
-    if device.type != "cpu" or model.training or config.n_embd % BLOCK or not use_native_kernels():
+    if device.type != "cpu" or model.training or config.n_embd % BLOCK:
         return None
+    if isa is None:
+        if not use_native_kernels():
+            return None
+        isa = active_isa()
     if model.transformer.wte.weight.dtype not in (torch.float32, torch.bfloat16):
         return None
     modules: list[nn.Module] = []
@@ -118,7 +120,7 @@ def native_decoder(model: GPT, *, library: str = "gpt2") -> NativeDecoder | None
     if any(spec is None for spec in linears):
         return None
     max_rows = FLOAT32_MAX_ROWS if any(isinstance(module, OneDNNLinear) for module in modules) else None
-    return NativeDecoder(model, [spec for spec in linears if spec is not None], library=library, max_rows=max_rows)
+    return NativeDecoder(model, [spec for spec in linears if spec is not None], isa=isa, max_rows=max_rows)
 
 
 def _linear_spec(module: nn.Module) -> LinearSpec | None:

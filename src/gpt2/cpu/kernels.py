@@ -1,4 +1,4 @@
-"""Native CPU kernels for decoding (csrc/cpu_decode.cpp), and the bfloat16 / int8 / int4 layers that use them.
+"""Native CPU kernels for decoding (csrc/), and the bfloat16 / int8 / int4 layers that use them.
 
 Decoding reads every weight once per step, so on a CPU it runs at the speed the weights stream from memory.
 PyTorch's one-row products stream bf16, int8 and int4 weights well below that speed (its int8 and int4 kernels
@@ -6,15 +6,15 @@ are built for many rows), and a step of ~250 small framework ops costs 2-3 ms on
 that stream every format at close to memory speed, and a decoder that runs a whole one-token step in one call
 (gpt2.cpu.decoder).
 
-The file is compiled on first use by torch's extension builder (`-O3 -march=native`, about 20 s, once per
-machine: the build is cached under torch's extensions folder, keyed by the source, the torch version and the
-CPU's features). Where that cannot happen (no C++ compiler, not x86/ARM Linux, `GPT2_NATIVE_KERNELS=0`), every
-caller falls back to the PyTorch layouts of gpt2.cpu.layouts, which compute the same thing more slowly.
-
-Inference uses them by default only where they are faster (`use_native_kernels`): on x86 CPUs with AVX-512
-(F/BW/VL), for which the file has hand-vectorized paths. Elsewhere only the portable C++ loops run, and on an
-AVX2-only CPU they measured 2.2x (fp32) to 5.6x (int8) slower per decoded token than the PyTorch layouts
-(docs/performance.md; `gpt2 bench decode`); `GPT2_NATIVE_KERNELS=1` uses them anyway (as the kernel tests do).
+Each kernel is written once over a small vector layer (csrc/simd.h) with one implementation per instruction set:
+AVX-512, AVX2 (+ FMA, F16C), ARM NEON, and plain C++ (the portable reference). The file is compiled on first use
+by torch's extension builder for one of them (about 20 s, once per machine and instruction set: the build is cached
+under torch's extensions folder, keyed by the sources, the torch version, the instruction set and, for builds
+tuned to this CPU, its features) and loaded as `torch.ops.gpt2_<isa>`. `GPT2_CPU_ISA=avx512|avx2|neon|portable`
+picks the build; by default it is the best one this CPU runs, so an AVX-512 machine can measure and test the AVX2
+path exactly as an AVX2-only CPU runs it. A CPU with none of the vector sets (or no C++ compiler, not Linux,
+`GPT2_NATIVE_KERNELS=0`) uses the PyTorch layouts of gpt2.cpu.layouts, which compute the same thing more slowly;
+`GPT2_NATIVE_KERNELS=1` asks for the portable loops there.
 
 Formats (what `NativeLinear` holds; the C++ file's header has the byte layout): bfloat16 as it is, and
 - int8: tiles of 16 output rows, one scale per row (symmetric, absmax / 127), as `Int8Linear`'s values;
@@ -38,12 +38,31 @@ import torch.nn.functional as F
 
 from gpt2.runtime.device import cpu_prefers_bf16
 
-SOURCE = Path(__file__).resolve().parent / "csrc" / "cpu_decode.cpp"
-SWITCH_VARIABLE = "GPT2_NATIVE_KERNELS"  # 0: the PyTorch layouts only; 1: the kernels on any CPU
+SOURCES = Path(__file__).resolve().parent / "csrc"
+SOURCE = SOURCES / "cpu_decode.cpp"  # the one compiled file; it includes simd.h and one simd_<isa>.h
+SWITCH_VARIABLE = "GPT2_NATIVE_KERNELS"  # 0: the PyTorch layouts only; 1: the portable loops where no vector set is
+ISA_VARIABLE = "GPT2_CPU_ISA"  # which build of the kernels runs (default: the best this CPU has)
+CFLAGS_VARIABLE = "GPT2_KERNEL_CFLAGS"  # more compiler flags (e.g. -DGPT2_PREFETCH_BYTES=N when tuning a constant)
+ISAS = ("avx512", "avx2", "neon", "portable")  # best first
+# What each vector build needs of the CPU (as /proc/cpuinfo names the flags) and how it is compiled. The AVX-512
+# build is tuned to the CPU it runs on (VNNI and BF16 instructions where present); the AVX2 one uses exactly what
+# AVX2-only CPUs (AMD Zen 1-3, Intel client CPUs) have, so it runs here as it runs there.
+ISA_MACHINES = {"avx512": "x86_64", "avx2": "x86_64", "neon": "aarch64"}
+ISA_FLAGS = {
+    "avx512": ("avx512f", "avx512bw", "avx512vl", "fma", "f16c"),
+    "avx2": ("avx2", "fma", "f16c"),
+    "neon": ("asimd",),
+}
+ISA_CFLAGS = {
+    "avx512": ["-march=native", "-DGPT2_ISA_AVX512"],
+    "avx2": ["-mavx2", "-mfma", "-mf16c", "-DGPT2_ISA_AVX2"],
+    "neon": ["-mcpu=native", "-DGPT2_ISA_NEON"],
+    "portable": [],
+}
+NO_KERNELS = "pytorch"  # what active_isa() says when the PyTorch layouts run instead
 BUILD_LOCK = "gpt2-build.flock"  # in the build folder: held (fcntl) by the one process building or loading
 TILE = 16  # output rows per tile of the packed formats
 BLOCK = 32  # inputs per activation-quantization block and per int4 group
-VECTOR_FLAGS = ("avx512f", "avx512bw", "avx512vl")  # the CPU flags the file's vector paths need (GPT2_AVX512)
 # Rows from which NativeLinear multiplies by the dequantized weight, per precision (measured crossovers, 124M on
 # the 2-core Zen 5 VM, a prefill of P tokens: int8 24-32 (P = 63: 68 ms native, 38 dequantized), int4 the same,
 # bfloat16 64; benchmarks/inference/prefill_crossover.py). The native product reads the weights once every 4 rows.
@@ -55,23 +74,33 @@ KIND = {"float32": 0, "bfloat16": 1, "int8": 2, "int4": 3}  # the C++ file's `Ki
 log = logging.getLogger(__name__)
 
 
+def library_name(isa: str) -> str:
+    """The namespace an ISA's build registers its ops under: `torch.ops.<name>`, `torch.classes.<name>`."""
+    return f"gpt2_{isa}"
+
+
 @functools.cache
-def kernels_available() -> bool:
-    """Build (once per machine) and load the native kernels; False, with one logged line saying why, where that
-    is not possible. Cached for the process: the ops are registered process-wide by torch (`torch.ops.gpt2`)."""
+def kernels_available(isa: str | None = None) -> bool:
+    """Build (once per machine) and load the native kernels for `isa` (default: the one `selected_isa` picks);
+    False, with one logged line saying why, where that is not possible. Cached for the process: the ops are
+    registered process-wide by torch (`torch.ops.gpt2_<isa>`)."""
     if os.environ.get(SWITCH_VARIABLE) == "0":
+        return False
+    isa = isa or selected_isa()
+    if isa is None:
         return False
     if platform.system() != "Linux":
         log.warning("gpt2: native CPU kernels are built on Linux only; decoding uses PyTorch's kernels")
         return False
+    if isa not in runnable_isas():
+        raise ValueError(f"this CPU cannot run the {isa} kernels; it runs {', '.join(runnable_isas())}")
     try:
         from torch.utils.cpp_extension import load
 
-        name = f"gpt2_cpu_decode_{_build_key()}"
-        build_directory = Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache" / "torch_extensions"))
-        build_directory = build_directory / name
+        build_directory = build_folder(isa)
+        name = build_directory.name
         if not (build_directory / f"{name}.so").exists():
-            log.warning("gpt2: compiling the native CPU kernels (once per machine, about 20 s)")
+            log.warning("gpt2: compiling the native CPU kernels for %s (once per machine, about 20 s)", isa)
         build_directory.mkdir(parents=True, exist_ok=True)
         # torch's builder marks a build in progress with a `lock` file and waits, forever, while one exists, so
         # a builder killed mid-build (Ctrl-C, kill -9) blocked every later one. Our own lock is an OS file lock,
@@ -82,7 +111,8 @@ def kernels_available() -> bool:
             load(
                 name=name,
                 sources=[str(SOURCE)],
-                extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                extra_cflags=["-O3", "-fopenmp", f"-DGPT2_OPS={library_name(isa)}", *compiler_flags(isa)],
+                extra_include_paths=[str(SOURCES)],
                 build_directory=str(build_directory),
                 is_python_module=False,
                 verbose=False,
@@ -94,13 +124,31 @@ def kernels_available() -> bool:
     return True
 
 
-def _build_key() -> str:
-    """What the compiled file depends on: the source, torch, and the CPU features -march=native sees."""
-    digest = hashlib.sha256(SOURCE.read_bytes())
+def build_folder(isa: str) -> Path:
+    """Where `isa`'s build lives (torch's extensions folder, TORCH_EXTENSIONS_DIR where set), named for what it was
+    built from."""
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache" / "torch_extensions"))
+    return root / f"{library_name(isa)}_{_build_key(isa)}"
+
+
+def _build_key(isa: str) -> str:
+    """What the compiled file depends on: the sources, torch, the ISA and, for -march/-mcpu=native builds, the CPU
+    features the compiler sees."""
+    digest = hashlib.sha256()
+    for source in sorted(SOURCES.iterdir()):
+        if source.suffix in (".cpp", ".h"):
+            digest.update(source.name.encode() + source.read_bytes())
     digest.update(torch.__version__.encode())
     digest.update(platform.machine().encode())
-    digest.update(" ".join(sorted(cpu_flags())).encode())
+    digest.update(" ".join(compiler_flags(isa)).encode())
+    if any("native" in flag for flag in ISA_CFLAGS[isa]):
+        digest.update(" ".join(sorted(cpu_flags())).encode())
     return digest.hexdigest()[:16]
+
+
+def compiler_flags(isa: str) -> list[str]:
+    """The flags `isa`'s build is compiled with: its instruction set's, then GPT2_KERNEL_CFLAGS's."""
+    return [*ISA_CFLAGS[isa], *os.environ.get(CFLAGS_VARIABLE, "").split()]
 
 
 @functools.cache
@@ -114,14 +162,44 @@ def cpu_flags() -> frozenset[str]:
     return frozenset(line.partition(":")[2].split())
 
 
+def runnable_isas() -> tuple[str, ...]:
+    """The kernel builds this CPU executes, best first; `portable` always last."""
+    machine = platform.machine().lower().replace("arm64", "aarch64").replace("amd64", "x86_64")
+    vector = [isa for isa in ISA_FLAGS if ISA_MACHINES[isa] == machine and cpu_flags().issuperset(ISA_FLAGS[isa])]
+    return (*vector, "portable")
+
+
+def selected_isa() -> str | None:
+    """The build inference should use: GPT2_CPU_ISA where set (a ValueError names the choices when it is not one
+    this CPU runs), else the best vector build this CPU has, else None (the PyTorch layouts are faster than the
+    portable loops), unless GPT2_NATIVE_KERNELS=1 asks for those."""
+    asked = os.environ.get(ISA_VARIABLE, "").strip().lower()
+    if asked:
+        if asked not in runnable_isas():
+            raise ValueError(
+                f"{ISA_VARIABLE}={asked!r} is not a kernel build this CPU runs; choose one of "
+                f"{', '.join(runnable_isas())} (or unset it for the best)"
+            )
+        return asked
+    best = runnable_isas()[0]
+    if best != "portable" or os.environ.get(SWITCH_VARIABLE) == "1":
+        return best
+    return None
+
+
+def active_isa() -> str:
+    """The kernel build inference runs on ("avx512", "avx2", "neon", "portable"), or "pytorch" where it runs on
+    the PyTorch layouts instead (module docstring). Read at each call, so that a test or a caller can switch it
+    with the variables."""
+    if os.environ.get(SWITCH_VARIABLE) == "0":
+        return NO_KERNELS
+    isa = selected_isa()
+    return isa if isa is not None and kernels_available(isa) else NO_KERNELS
+
+
 def use_native_kernels() -> bool:
-    """Whether inference should run on the native kernels: they are available and, unless GPT2_NATIVE_KERNELS=1
-    asks for them anyway, this CPU has the AVX-512 paths that make them faster than the PyTorch layouts (module
-    docstring). Read at each call, so that a test or a caller can switch it with the variable."""
-    switch = os.environ.get(SWITCH_VARIABLE)
-    if switch == "0" or (switch != "1" and not cpu_flags().issuperset(VECTOR_FLAGS)):
-        return False
-    return kernels_available()
+    """Whether inference runs on the native kernels (`active_isa` is one of their builds)."""
+    return active_isa() != NO_KERNELS
 
 
 def native_linear(
@@ -131,19 +209,24 @@ def native_linear(
     bias: torch.Tensor | None,
     kind: int,
     out_features: int,
+    *,
+    isa: str | None = None,
 ) -> torch.Tensor:
-    """y = x W^T + b by the native product for the format `kind`; x (..., in) -> (..., out) float32."""
-    return native_ops().linear(x, weight, scale, bias, kind, out_features)
+    """y = x W^T + b by the native product for the format `kind` (in the build of `isa`, default the active one);
+    x (..., in) -> (..., out) float32."""
+    return native_ops(isa).linear(x, weight, scale, bias, kind, out_features)
 
 
-def native_ops() -> torch._ops._OpNamespace:
-    """`torch.ops.gpt2`, the kernels loaded (built on first use); a clear error where they cannot be."""
-    if not kernels_available():
+def native_ops(isa: str | None = None) -> torch._ops._OpNamespace:
+    """`torch.ops.gpt2_<isa>` (default: the active build), the kernels loaded (built on first use); a clear error
+    where they cannot be."""
+    isa = isa or active_isa()
+    if isa == NO_KERNELS or not kernels_available(isa):
         raise RuntimeError(
             "the native CPU kernels are not available on this machine (the log line above says why); "
             "use the PyTorch layouts: gpt2.cpu.prepare_for_inference falls back to them"
         )
-    return torch.ops.gpt2
+    return getattr(torch.ops, library_name(isa))
 
 
 # ------------------------------------------------------------------------------------------ packing
@@ -250,16 +333,17 @@ class NativeLinear(nn.Module):
         if x.numel() // x.shape[-1] >= MANY_ROWS[self.precision]:
             dtype = many_rows_dtype()
             bias = None if self.bias is None else self.bias.to(dtype)
-            return F.linear(x.to(dtype), self.dequantized_weight(dtype), bias).to(x.dtype)
+            weight = self.dequantized_weight(dtype)
+            if dtype == torch.float32 and onednn_available():  # oneDNN's float32 product: faster than MKL's here
+                return torch.ops.mkldnn._linear_pointwise(x.float(), weight, bias, "none", [], "").to(x.dtype)
+            return F.linear(x.to(dtype), weight, bias).to(x.dtype)
         y = native_linear(x, self.weight_packed, self.scale, self.bias, self.kind, self.out_features)
         return y.to(x.dtype)
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The (out, in) weight the stored values stand for, in `dtype` (for int8 / int4 a transposed view of a
-        contiguous (in, out) matrix, which matrix products read as it is)."""
+        """The (out, in) weight the stored values stand for, contiguous in `dtype`."""
         kind, size = self.kind, (self.in_features, self.out_features)
-        weight = native_ops().dequantize(self.weight_packed, self.scale, kind, *size, dtype)
-        return weight if self.precision == "bfloat16" else weight.t()
+        return native_ops().dequantize(self.weight_packed, self.scale, kind, *size, dtype)
 
     def reference_forward(self, x: torch.Tensor) -> torch.Tensor:
         """The plain path in float32: dequantize, then an ordinary linear layer."""
@@ -269,8 +353,18 @@ class NativeLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.precision} (native)"
 
 
+def onednn_available() -> bool:
+    """PyTorch has its oneDNN backend and the ops the float32 products of many rows call (private ops Inductor
+    uses): `OneDNNLinear`'s, and `NativeLinear`'s over a dequantized weight."""
+    ops = torch.ops.mkldnn
+    return torch.backends.mkldnn.is_available() and all(
+        hasattr(ops, name) for name in ("_linear_pointwise", "_reorder_linear_weight")
+    )
+
+
 def many_rows_dtype() -> torch.dtype:
     """The dtype of prefill matrix products over dequantized weights: bfloat16 where the CPU multiplies it fast
     (AMX tiles, or AMD's AVX512-BF16: about 3x float32's prompt tokens/s there, `gpt2 bench prefill --precisions
-    float32,bfloat16`), else float32 (elsewhere bfloat16 products are emulated or slow)."""
-    return torch.bfloat16 if cpu_prefers_bf16() else torch.float32
+    float32,bfloat16`), else float32: elsewhere bfloat16 products are emulated or slow, and so they are for a build
+    without AVX-512, which stands for a CPU without those instructions."""
+    return torch.bfloat16 if cpu_prefers_bf16() and active_isa() == "avx512" else torch.float32

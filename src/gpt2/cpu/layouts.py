@@ -38,7 +38,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gpt2.cpu.kernels import BLOCK, INT4_LEVELS, NativeLinear, quantize_int8_rows, use_native_kernels
+from gpt2.cpu.kernels import (
+    BLOCK,
+    INT4_LEVELS,
+    NativeLinear,
+    onednn_available,
+    quantize_int8_rows,
+    use_native_kernels,
+)
 from gpt2.runtime.device import cpu_prefers_bf16
 
 # The rows oneDNN lays a packed weight out for: prompts and batched steps of 1-1024 rows all ran as fast as with
@@ -96,14 +103,6 @@ class OneDNNLinear(nn.Linear):
         if x.dtype != torch.float32 or self.weight.dtype != torch.float32 or x.device.type != "cpu" or needs_grad:
             return super().forward(x)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(), self.bias, "none", [], "")
-
-
-def onednn_available() -> bool:
-    """PyTorch has its oneDNN backend and the ops OneDNNLinear calls (private ops Inductor uses)."""
-    ops = torch.ops.mkldnn
-    return torch.backends.mkldnn.is_available() and all(
-        hasattr(ops, name) for name in ("_linear_pointwise", "_reorder_linear_weight")
-    )
 
 
 class Int8Linear(nn.Module):
