@@ -177,12 +177,22 @@ def test_markdown_table_gives_range_peer_and_ratio():
         (["serve", "--llama-server", "/nonexistent"], "no llama-server binary at /nonexistent"),
         (["serve", "--adapters", "2", "--url", "http://127.0.0.1:1"], "leave out --url and --llama-server"),
         (["decode", "--repetitions", "0"], "repetitions must be at least 1"),
+        (["decode", "--precisions", ""], "--precisions names no precision"),
+        (["train", "--optimizers", ","], "--optimizers names no optimizer"),
+        (["finetune", "--methods", ""], "--methods: full, lora, got none"),
+        (["serve", "--max-tokens", "1"], "--max-tokens must be at least 2"),
+        (["serve", "--dtype", "float64"], "--dtype 'float64' is not one of"),
+        (["serve", "--url", "notaurl"], "--url 'notaurl' is not an http(s) URL"),
+        (["serve", "--url", "http://127.0.0.1:9"], "no server answers /health there"),
+        (["decode", "--save", "/proc/nope.jsonl"], "--save /proc/nope.jsonl: cannot write there"),
+        (["eval", "--stride", "1000"], "--stride 1000 is longer than the model's context of 128 tokens"),
     ],
 )
-def test_bad_options_give_one_line(argv, message, capsys):
-    assert main(["bench", *argv]) == 2
-    err = capsys.readouterr().err
+def test_bad_options_give_one_line_before_anything_is_measured(argv, message, capsys):
+    assert main(["bench", argv[0], *TINY, *argv[1:]]) == 2  # the option under test given last
+    out, err = capsys.readouterr()
     assert message in err and err.count("\n") == 1
+    assert out == ""  # no record: nothing was measured
 
 
 def test_gpu_profile_refuses_a_cpu_without_dry_run(capsys):

@@ -62,6 +62,8 @@ class DecodeGrid:
     """llama.cpp's llama-bench binary (its build/bin folder may also hold llama-quantize, for q4_0)."""
 
     def __post_init__(self) -> None:
+        if not self.precisions:
+            raise ValueError(f"--precisions names no precision; give one or more of {', '.join(PRECISIONS)}")
         for precision in self.precisions:
             if precision not in PRECISIONS:
                 raise ValueError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")

@@ -35,6 +35,14 @@ class EvalWork:
     def __post_init__(self) -> None:
         if any(peer != "transformers" for peer in self.peers):
             raise ValueError(f"eval peers: transformers only, got {', '.join(self.peers)}")
+        if self.tokens < 2 or self.stride < 1 or self.batch_size < 1:
+            raise ValueError("--tokens must be at least 2, --stride and --batch-size at least 1")
+
+    def check_context(self, context: int) -> None:
+        """The windows need a stride within the model's context."""
+        if self.stride > context:
+            raise ValueError(f"--stride {self.stride} is longer than the model's context of {context} tokens; "
+                             f"pass --stride {context} or less")  # fmt: skip
 
 
 @torch.no_grad()
@@ -60,6 +68,7 @@ def run_eval(settings: BenchSettings, work: EvalWork, recorder: Recorder) -> Non
     device = settings.torch_device
     ours: GPT = bench_model(settings).to(device)
     context = ours.config.block_size
+    work.check_context(context)
     tokens = np.random.default_rng(SEED).integers(0, ours.config.vocab_size, size=work.tokens)
     losses: dict[str, float] = {}
 

@@ -38,8 +38,8 @@ class FinetuneWork:
     def __post_init__(self) -> None:
         if any(peer not in ("transformers", "peft") for peer in self.peers):
             raise ValueError(f"finetune peers: transformers (full) and peft (lora), got {', '.join(self.peers)}")
-        if any(method not in METHODS for method in self.methods):
-            raise ValueError(f"finetune methods: {', '.join(METHODS)}, got {', '.join(self.methods)}")
+        if not self.methods or any(method not in METHODS for method in self.methods):
+            raise ValueError(f"--methods: {', '.join(METHODS)}, got {', '.join(self.methods) or 'none'}")
 
 
 def peak_rss_mib() -> float:

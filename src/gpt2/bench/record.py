@@ -126,6 +126,18 @@ class Recorder:
         self.output = output
         self.save = save
         self.records: list[Record] = []
+        if save is not None:  # a file that cannot be written fails now, not after the whole run
+            try:
+                save.parent.mkdir(parents=True, exist_ok=True)
+                existed = save.exists()
+                with open(save, "a", encoding="utf-8"):
+                    pass
+                if not existed:  # written with the first record; a run that ends before one leaves nothing
+                    save.unlink()
+            except OSError as error:
+                raise ValueError(
+                    f"--save {save}: cannot write there ({error.strerror}); pass a writable path"
+                ) from error
 
     def add(
         self,
@@ -156,7 +168,6 @@ class Recorder:
         if self.output == "json":
             print(record.to_json(), flush=True)
         if self.save is not None:
-            self.save.parent.mkdir(parents=True, exist_ok=True)
             with open(self.save, "a", encoding="utf-8") as file:
                 file.write(record.to_json() + "\n")
         return record

@@ -47,6 +47,7 @@ from gpt2.bench.setup import (
     write_adapters,
 )
 from gpt2.bench.timing import interleaved
+from gpt2.cpu.layouts import PRECISIONS
 
 SERVED_MODEL = "gpt2-bench"
 CONTEXT_PER_SLOT = 1024
@@ -54,6 +55,7 @@ STARTUP_SECONDS = 300
 ADAPTERS, BASE_ALONE = "adapters", "base model alone"  # the loads `--adapters` compares; the second is the peer
 # ours at a dtype -> the GGUF type of the same precision for llama-server
 GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16", "int8": "q8_0"}
+SERVED_DTYPES = PRECISIONS  # what `gpt2 serve --dtype` takes
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,14 @@ class ServeLoad:
 
     def __post_init__(self) -> None:
         if min(self.clients, default=0) < 1 or self.requests < 1:
-            raise ValueError("clients and requests must be at least 1")
+            raise ValueError("--clients and --requests must be at least 1")
+        if self.max_tokens < 2 or self.prompt_tokens < 1 or self.max_batch < 1:
+            raise ValueError("--max-tokens must be at least 2 (the inter-token gaps need two), --prompt-tokens and "
+                             "--max-batch at least 1")  # fmt: skip
+        if self.dtype not in SERVED_DTYPES:
+            raise ValueError(f"--dtype {self.dtype!r} is not one of {', '.join(SERVED_DTYPES)}")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"--url {self.url!r} is not an http(s) URL; pass e.g. http://127.0.0.1:8000")
         if self.adapters < 0 or self.adapter_rank < 1:
             raise ValueError("adapters must be 0 or more and adapter_rank at least 1")
         if self.adapters and (self.url is not None or self.llama_server is not None):
@@ -246,6 +255,8 @@ def run_serve(settings: BenchSettings, load: ServeLoad, recorder: Recorder) -> N
         log = Path(folder) / "servers.log"
         urls = {name: stack.enter_context(served(command, log))[0] for name, command in commands.items()}
         if load.url is not None:
+            if not healthy(load.url.rstrip("/")):
+                raise ValueError(f"--url {load.url}: no server answers /health there; start `gpt2 serve` first")
             urls = {"ours": load.url.rstrip("/"), **urls}
         for url in urls.values():
             for _ in range(settings.warmup):

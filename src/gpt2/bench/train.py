@@ -52,6 +52,8 @@ class TrainGrid:
     """The peak FLOP/s MFU is measured against; None: the device's bf16 peak where known (no MFU elsewhere)."""
 
     def __post_init__(self) -> None:
+        if not self.optimizers:
+            raise ValueError(f"--optimizers names no optimizer; give one or more of {', '.join(OPTIMIZERS)}")
         for name in self.optimizers:
             if name not in OPTIMIZERS:
                 raise ValueError(f"optimizer {name!r} is not one of {', '.join(OPTIMIZERS)}")

@@ -89,6 +89,30 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="let POST /v1/load_lora_adapter and /v1/unload_lora_adapter change the adapters while serving",
     )
+    parser.add_argument(
+        "--max-cpu-loras",
+        type=int,
+        default=defaults.max_cpu_loras,
+        metavar="N",
+        help=f"LoRA adapters held at once at most, --lora's included; a run-time load past it is a 400 (default "
+        f"{defaults.max_cpu_loras}: at rank {defaults.max_lora_rank} on every layer of GPT-2 small, about 600 MB)",
+    )
+    parser.add_argument(
+        "--max-lora-rank",
+        type=int,
+        default=defaults.max_lora_rank,
+        metavar="R",
+        help=f"the largest rank an adapter may have (default {defaults.max_lora_rank}: PEFT's usual ranks, 8 to 64, "
+        "fit; a larger rank is refused at start, or with a 400 at run time)",
+    )
+    parser.add_argument(
+        "--lora-root",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a folder run-time loads may read adapters from (repeatable); with it, a lora_path outside every such "
+        "folder, symlinks and '..' resolved, is a 400 (default: any folder the server can read)",
+    )
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     parser.set_defaults(func=run)
 
@@ -110,6 +134,9 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         header_timeout_seconds=args.header_timeout,
         grammar_timeout=args.grammar_timeout,
         runtime_lora_updating=args.allow_runtime_lora_updating,
+        max_cpu_loras=args.max_cpu_loras,
+        max_lora_rank=args.max_lora_rank,
+        lora_roots=tuple(args.lora_root),
     )
 
 

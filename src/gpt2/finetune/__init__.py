@@ -12,10 +12,10 @@ from gpt2.finetune.lora import (
     load_adapter,
     lora_state_dict,
     merge_lora,
-    read_adapter_config,
     save_adapter,
 )
 from gpt2.finetune.run import FinetuneResult, finetune
+from gpt2.weights.adapters import read_adapter_config
 
 __all__ = [
     "ChatSession", "Example", "FinetuneConfig", "FinetuneResult", "LoRAConfig", "LoRALinear", "RowBatches", "Rows",

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-from safetensors.torch import load_file, save
+from safetensors.torch import save
 
 from gpt2.model import GPT
 from gpt2.runtime.files import atomic_write_bytes, atomic_write_text
@@ -27,7 +27,7 @@ from gpt2.weights.adapters import (
     PEFT_PREFIX,
     LoRAConfig,
     adapter_directory,
-    read_adapter_config,
+    read_lora_adapter,
 )
 
 
@@ -138,20 +138,15 @@ def save_adapter(model: GPT, config: LoRAConfig, directory: str | os.PathLike[st
 
 
 def load_adapter(model: GPT, directory: str | os.PathLike[str]) -> LoRAConfig:
-    """Wrap `model` with the adapters saved in `directory` (PEFT's format) and load their weights."""
-    config = read_adapter_config(directory)
-    add_lora(model, config)
-    tensors = load_file(str(Path(directory) / ADAPTER_WEIGHTS_FILE))
-    expected = lora_state_dict(model)
-    # PEFT may write the adapter name into keys (`lora_A.default.weight`) in some versions: accept both
-    tensors = {key.replace(".default.weight", ".weight"): value for key, value in tensors.items()}
-    missing = sorted(set(expected) - set(tensors))
-    if missing:
-        raise ValueError(f"{directory}: the adapter lacks {len(missing)} tensors, e.g. {missing[0]}")
+    """Wrap `model` with the adapters saved in `directory` (PEFT's format) and load their weights, read and
+    checked by gpt2.weights.adapters.read_lora_adapter (a ValueError names a misfit before `model` changes)."""
+    adapter = read_lora_adapter(directory, model.config, Path(directory).name)
+    add_lora(model, adapter.config)
     modules = dict(model.named_modules())
     with torch.no_grad():
-        for name, module in modules.items():
-            if isinstance(module, LoRALinear):
-                module.lora_A.copy_(tensors[f"{PEFT_PREFIX}{name}.lora_A.weight"])
-                module.lora_B.copy_(tensors[f"{PEFT_PREFIX}{name}.lora_B.weight"])
-    return config
+        for name, (a, b) in adapter.layers.items():
+            layer = modules[name]
+            assert isinstance(layer, LoRALinear), name  # add_lora wraps every layer the adapter's targets name
+            layer.lora_A.copy_(a)
+            layer.lora_B.copy_(b)
+    return adapter.config

@@ -52,6 +52,10 @@ class DuplicateAdapterError(ValueError):
     """An adapter name that is already loaded."""
 
 
+class TooManyAdaptersError(ValueError):
+    """An adapter past the number the set may hold (`AdapterSet.add`'s max_loaded)."""
+
+
 class AdapterRouting:
     """Which rows of the batch running now take which adapter: a list of (adapter, row indices (b,) or None for
     every row). Empty: no row has an adapter."""
@@ -189,14 +193,28 @@ class AdapterSet:
     def __len__(self) -> int:
         return len(self._adapters)
 
-    def add(self, name: str, directory: str | os.PathLike[str]) -> LoRAAdapter:
-        """Load the adapter in `directory` under `name` (errors: DuplicateAdapterError, and read_lora_adapter's)."""
+    def add(
+        self,
+        name: str,
+        directory: str | os.PathLike[str],
+        *,
+        max_rank: int | None = None,
+        max_loaded: int | None = None,
+    ) -> LoRAAdapter:
+        """Load the adapter in `directory` under `name`, registered only once it is read and checked (errors:
+        DuplicateAdapterError, TooManyAdaptersError when `max_loaded` are held already, and read_lora_adapter's,
+        a rank above `max_rank` among them)."""
         if not name or not isinstance(name, str):
             raise ValueError(f"an adapter needs a non-empty name, got {name!r}")
         with self._lock:
             if name in self._adapters:
                 raise DuplicateAdapterError(f"an adapter named {name!r} is already loaded; pick another name")
-            adapter = read_lora_adapter(directory, self.model.config, name)
+            if max_loaded is not None and len(self._adapters) >= max_loaded:
+                raise TooManyAdaptersError(
+                    f"{len(self._adapters)} adapters are loaded, the most allowed here; unload one first "
+                    "(gpt2 serve --max-cpu-loras sets the limit)"
+                )
+            adapter = read_lora_adapter(directory, self.model.config, name, max_rank=max_rank)
             adapter = adapter.to(self.model.transformer.wte.weight.device)
             self._adapters[name] = adapter
             return adapter

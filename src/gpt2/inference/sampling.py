@@ -16,7 +16,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-from gpt2.config import is_integer
+from gpt2.config import is_finite_number, is_integer
 
 # top-p counts a cumulative mass within this of p as having reached p: probabilities summed in float32 are
 # off by ~1e-7, and a mass of exactly p must not pull in the next token because of it.
@@ -28,14 +28,6 @@ GREEDY_BELOW_TEMPERATURE = 1e-5
 PENALTY_RANGE = 2.0  # presence and frequency penalties lie in [-2, 2], as in OpenAI's API
 LOGIT_BIAS_RANGE = 100.0  # a logit bias lies in [-100, 100], as in OpenAI's API
 EarlyStopping = bool | Literal["never"]
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _is_finite(value: Any) -> bool:
-    return _is_number(value) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -118,13 +110,13 @@ class SamplingParams:
             object.__setattr__(self, "logit_bias", dict(self.logit_bias))
         if not is_integer(self.max_tokens) or self.max_tokens < 0:
             raise ValueError(f"max_tokens must be an integer >= 0, got {self.max_tokens!r}")
-        if not _is_number(self.temperature) or not self.temperature >= 0:
+        if not is_finite_number(self.temperature) or not self.temperature >= 0:
             raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {self.temperature!r}")
-        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+        if not is_finite_number(self.top_p) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}; use 1.0 to disable nucleus filtering")
         if self.top_k is not None and (not is_integer(self.top_k) or self.top_k < 1):
             raise ValueError(f"top_k must be an integer >= 1, got {self.top_k!r}; use None to disable top-k filtering")
-        if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
+        if not is_finite_number(self.min_p) or not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be a number in [0, 1], got {self.min_p!r}; use 0 to disable it")
         if not all(isinstance(text, str) and text for text in self.stop):
             raise ValueError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
@@ -142,7 +134,7 @@ class SamplingParams:
             check_structured(self.regex, self.json_schema)
 
     def _check_rules(self) -> None:
-        if not _is_finite(self.repetition_penalty) or self.repetition_penalty <= 0:
+        if not is_finite_number(self.repetition_penalty) or self.repetition_penalty <= 0:
             raise ValueError(f"repetition_penalty must be a number > 0 (1.0: off), got {self.repetition_penalty!r}")
         if not is_integer(self.no_repeat_ngram_size) or self.no_repeat_ngram_size < 0:
             raise ValueError(
@@ -162,17 +154,17 @@ class SamplingParams:
         for token, bias in self.logit_bias.items():
             if not is_integer(token) or token < 0:
                 raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {token!r}")
-            if not _is_finite(bias) or not -LOGIT_BIAS_RANGE <= bias <= LOGIT_BIAS_RANGE:
+            if not is_finite_number(bias) or not -LOGIT_BIAS_RANGE <= bias <= LOGIT_BIAS_RANGE:
                 raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {bias!r} for token {token}")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
-            if not _is_finite(value) or not -PENALTY_RANGE <= value <= PENALTY_RANGE:
+            if not is_finite_number(value) or not -PENALTY_RANGE <= value <= PENALTY_RANGE:
                 raise ValueError(f"{name} must be a number in [-2, 2], got {value!r}")
 
     def _check_beams(self) -> None:
         if not is_integer(self.num_beams) or self.num_beams < 1:
             raise ValueError(f"num_beams must be an integer >= 1 (1: no beam search), got {self.num_beams!r}")
-        if not _is_finite(self.length_penalty):
+        if not is_finite_number(self.length_penalty):
             raise ValueError(f"length_penalty must be a finite number, got {self.length_penalty!r}")
         if self.early_stopping not in (True, False, "never"):
             raise ValueError(f"early_stopping must be True, False or 'never', got {self.early_stopping!r}")

@@ -22,12 +22,13 @@ ValueError that names the field (`steering[1].vector: ...`).
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import torch
+
+from gpt2.config import is_finite_number
 
 if TYPE_CHECKING:
     from gpt2.model import GPT, Block
@@ -134,6 +135,11 @@ def _hook(name: object, model: GPT, where: str) -> str:
 
 
 def _vector(values: object, width: int, where: str) -> torch.Tensor:
+    if isinstance(values, list | tuple):  # plain data: each entry a number, never a JSON true / false
+        if any(isinstance(value, bool) for value in values):
+            raise ValueError(f"{where} must be a list of {width} numbers, got a boolean among them")
+        if any(isinstance(value, int | float) and not is_finite_number(value) for value in values):
+            raise ValueError(f"{where} holds NaN, infinity or a number past float's range; every value must be finite")
     try:
         vector = torch.as_tensor(values, dtype=torch.float32)
     except (TypeError, ValueError, RuntimeError) as err:
@@ -146,7 +152,7 @@ def _vector(values: object, width: int, where: str) -> torch.Tensor:
 
 
 def _finite(value: object, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not is_finite_number(value):
         raise ValueError(f"{where} must be a finite number, got {value!r}")
     return float(value)
 

@@ -61,7 +61,7 @@ from gpt2.serve.protocol import (
     reject_constant,
     usage,
 )
-from gpt2.serve.tokens import detokenize, embedding_inputs, embedding_response, tokenize
+from gpt2.serve.tokens import detokenize, embedding_inputs, embedding_response, requested_model, tokenize
 from gpt2.tokenizer.chat import encode_chat
 from gpt2.weights.adapters import LoRAAdapter
 
@@ -106,8 +106,11 @@ def _add_error_handlers(app: FastAPI) -> None:
     """Every error as OpenAI-shaped JSON (module docstring)."""
 
     @app.exception_handler(APIError)
-    async def api_error(request: Request, error: APIError) -> JSONResponse:
-        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+    async def api_error(request: Request, error: APIError) -> Response:
+        # ASCII JSON: a message or param may echo the client's text, lone surrogates ("\ud800") included,
+        # which UTF-8 cannot carry but a JSON escape can
+        body = json.dumps(error.body())
+        return Response(body, status_code=error.status, headers=error.headers, media_type="application/json")
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
@@ -181,19 +184,25 @@ def _add_token_routes(app: FastAPI, service: _Service, authorized: list[Any]) ->
     @app.post("/tokenize", dependencies=authorized)
     async def tokenize_text(request: Request) -> dict[str, Any]:
         body = await service.read_json(request)
-        return tokenize(body, service.tokenizer, service.engine.block_size)
+        answer = tokenize(body, service.tokenizer, service.engine.block_size)
+        service.models.resolve(service.model_name(body))  # every adapter shares the tokenizer: a check only
+        return answer
 
     @app.post("/detokenize", dependencies=authorized)
     async def detokenize_tokens(request: Request) -> dict[str, Any]:
-        return detokenize(await service.read_json(request), service.tokenizer)
+        body = await service.read_json(request)
+        answer = detokenize(body, service.tokenizer)
+        service.models.resolve(service.model_name(body))
+        return answer
 
     @app.post("/v1/embeddings", dependencies=authorized)
     async def embeddings(request: Request) -> dict[str, Any]:
         body = await service.read_json(request)
         inputs = embedding_inputs(body, service.tokenizer, service.engine.block_size)
-        model = service.llm.adapters.model_for(service.models.resolve(body.get("model")))
+        name = service.model_name(body)
+        model = service.llm.adapters.model_for(service.models.resolve(name))
         vectors = await run_in_threadpool(embed, model, inputs)
-        return embedding_response(vectors, inputs, body["model"], body.get("encoding_format", "float"))
+        return embedding_response(vectors, inputs, name, body.get("encoding_format", "float"))
 
 
 # The engine's errors as HTTP answers, by type (never by message): status, OpenAI error type, code.
@@ -291,8 +300,7 @@ class _Service:
         self.logprobs = LogprobFormatter(llm.tokenizer)
         self.metrics = ServerMetrics(engine)
         self.grammars = GrammarCompilations(engine.grammar_compiler, config.grammar_timeout)
-        self.models = ServedModels(config.model_name, llm.adapters, max_model_len=engine.block_size,
-                                   runtime_updates=config.runtime_lora_updating)  # fmt: skip
+        self.models = ServedModels(llm.adapters, config, max_model_len=engine.block_size)
 
     async def submit(self, requests: Sequence[SequenceRequest], grammar_field: str | None = None) -> _Submission:
         """Hand sequences to the engine (an APIError when it refuses them), counted in the metrics. Their grammar,
@@ -332,6 +340,12 @@ class _Service:
             "max_queue": engine.max_queue,
         }
         return JSONResponse(status)
+
+    def model_name(self, body: Any) -> str:
+        """The model a /tokenize, /detokenize or /v1/embeddings body names (a 400 for a non-string); absent: the
+        served base model, as vLLM answers these routes."""
+        name = requested_model(body)
+        return self.models.base if name is None else name
 
     def check_choices(self, count: int) -> None:
         """A request's sequences (prompts times n) must fit the queue at once."""

@@ -60,6 +60,15 @@ class ServerConfig:
     runtime_lora_updating: bool = False
     """Whether POST /v1/load_lora_adapter and /v1/unload_lora_adapter may change the adapters while the server runs
     (`--allow-runtime-lora-updating`; vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING); off, they answer 404."""
+    max_cpu_loras: int = 16
+    """LoRA adapters held at once at most, `--lora`'s included (`--max-cpu-loras`, vLLM's name): a run-time load
+    past it is a 400. 16 adapters of rank 64 on every layer of GPT-2 small hold about 600 MB (38 MB each)."""
+    max_lora_rank: int = 64
+    """The largest rank an adapter may have (`--max-lora-rank`, vLLM's name; a larger one is refused, at start or
+    with a 400): 64 admits PEFT's usual ranks (8 to 64) and bounds what one adapter holds."""
+    lora_roots: tuple[str, ...] = ()
+    """Folders a run-time `lora_path` must lie in, after symlinks and `..` are resolved (`--lora-root`, repeatable;
+    empty: anywhere the server can read). `--lora` adapters, given by the operator, may lie anywhere."""
 
     max_connections: int = 256
     """Connections open at once at most (uvicorn's limit_concurrency): past it a request gets 503, so clients that
@@ -89,11 +98,14 @@ class ServerConfig:
                 f"prefix_cache_mb must be a whole number of MiB >= 1, got {self.prefix_cache_mb!r} "
                 "(to turn the cache off: --no-prefix-cache)"
             )
+        if not isinstance(self.lora_roots, tuple) or not all(isinstance(r, str) and r for r in self.lora_roots):
+            raise ValueError(f"lora_roots must be a tuple of folder paths, got {self.lora_roots!r}")
         timeout = self.grammar_timeout
         if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not 0 < timeout < float("inf"):
             raise ValueError(f"grammar_timeout must be a number of seconds > 0, got {timeout!r}")
         for name in ("max_batch", "max_queue", "max_body_bytes", "max_prompts", "retry_after_seconds", "prefill_chunk",
-                     "max_connections", "keep_alive_seconds", "header_timeout_seconds"):  # fmt: skip
+                     "max_connections", "keep_alive_seconds", "header_timeout_seconds", "max_cpu_loras",
+                     "max_lora_rank"):  # fmt: skip
             value = getattr(self, name)
             if not is_integer(value) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

@@ -40,12 +40,27 @@ def _check_known(body: Any, known: frozenset[str]) -> dict[str, Any]:
     return body
 
 
+def requested_model(body: Any) -> str | None:
+    """The body's `model`: None when absent (the server's model), a 400 when it is not a string. The app resolves
+    the name, as for completions."""
+    model = body.get("model") if isinstance(body, dict) else None
+    if model is not None and not isinstance(model, str):
+        raise bad_request(f"model must be a string, a name /v1/models lists; got {_describe(model)}", "model")
+    return model
+
+
 def tokenize(body: Any, tokenizer: TextTokenizer, max_model_len: int) -> dict[str, Any]:
     """vLLM's /tokenize: {"prompt": text} or {"messages": [...]} -> {"count", "max_model_len", "tokens"}.
     Special-token text is the special token, as in completion prompts."""
     body = _check_known(body, TOKENIZE_FIELDS)
     if ("prompt" in body) == ("messages" in body):
         raise bad_request("pass either prompt (a text) or messages (a chat)", "prompt")
+    # vLLM's add_special_tokens prepends a BOS token; GPT-2 has none, so either value encodes alike
+    if not isinstance(body.get("add_special_tokens", True), bool):
+        raise bad_request(
+            f"add_special_tokens must be true or false, got {_describe(body['add_special_tokens'])}",
+            "add_special_tokens",
+        )
     if "prompt" in body:
         if not isinstance(body["prompt"], str):
             raise bad_request(f"prompt must be a string, got {_describe(body['prompt'])}", "prompt")

@@ -26,7 +26,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from gpt2.config import GPTConfig
+from gpt2.config import GPTConfig, is_integer
 
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
@@ -74,27 +74,68 @@ def adapter_directory(path: str | os.PathLike[str]) -> Path:
 
 
 def read_adapter_config(directory: str | os.PathLike[str]) -> LoRAConfig:
-    """The LoRAConfig of a PEFT adapter directory (ours or PEFT's)."""
+    """The LoRAConfig of a PEFT adapter directory (ours or PEFT's), every field checked: a ValueError names the
+    file and the field (a list where an object belongs, `"r": 8.9`, `"use_rslora": "false"`)."""
     path = Path(directory) / ADAPTER_CONFIG_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist; pass a folder saved by PEFT or `gpt2 finetune --lora`")
     try:
-        values: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise ValueError(f"{path} is not valid JSON ({error}); save the adapter again") from error
+    except OSError as error:
+        raise ValueError(f"{path} cannot be read ({error.strerror}); check its permissions") from error
+    if not isinstance(values, dict):
+        raise ValueError(f"{path} must hold a JSON object, not a {type(values).__name__}; save the adapter again")
     if values.get("peft_type", "LORA") != "LORA":
         raise ValueError(f"{path}: peft_type {values.get('peft_type')!r} is not supported; only LORA adapters")
-    targets = values.get("target_modules") or ["c_attn"]
-    if isinstance(targets, str):
-        raise ValueError(f"{path}: target_modules as a pattern ({targets!r}) is not supported; list the names")
     unsupported = [key for key in UNSUPPORTED_WHEN_SET if values.get(key)]
     if values.get("bias", "none") != "none":
         unsupported.append(f"bias={values['bias']!r}")
     if unsupported:
         raise ValueError(f"{path}: {', '.join(unsupported)} is not supported; train the adapter without it")
-    return LoRAConfig(rank=int(values["r"]), alpha=float(values.get("lora_alpha", 8)),
-                      dropout=float(values.get("lora_dropout", 0.0)), target_modules=tuple(targets),
-                      use_rslora=bool(values.get("use_rslora", False)))  # fmt: skip
+    try:
+        return LoRAConfig(rank=_rank(values), alpha=_finite(values, "lora_alpha", 8.0),
+                          dropout=_finite(values, "lora_dropout", 0.0), target_modules=_targets(values),
+                          use_rslora=_flag(values, "use_rslora"))  # fmt: skip
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from error
+
+
+# The field checks of adapter_config.json: each error names the field as the file spells it (the caller adds the
+# file). JSON's numbers arrive as int or float (1e999 as inf), and Python's bool is an int, so each type is named.
+def _rank(values: dict[str, Any]) -> int:
+    if "r" not in values:
+        raise ValueError("the field r (the adapter's rank) is missing; save the adapter again")
+    rank = values["r"]
+    if not is_integer(rank) or rank < 1:
+        raise ValueError(f"r must be a positive integer, got {rank!r}; save the adapter again")
+    return rank
+
+
+def _finite(values: dict[str, Any], field: str, default: float) -> float:
+    value = values.get(field, default)
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        raise ValueError(f"{field} must be a finite number, got {value!r}; save the adapter again")
+    return float(value)
+
+
+def _targets(values: dict[str, Any]) -> tuple[str, ...]:
+    targets = values.get("target_modules")
+    if targets is None:
+        return ("c_attn",)  # PEFT's default for GPT-2 when the field is null
+    if isinstance(targets, str):
+        raise ValueError(f"target_modules as a pattern ({targets!r}) is not supported; list the names")
+    if not isinstance(targets, list) or not all(isinstance(target, str) for target in targets):
+        raise ValueError(f"target_modules must be a list of layer names such as ['c_attn'], got {targets!r}")
+    return tuple(targets)
+
+
+def _flag(values: dict[str, Any], field: str) -> bool:
+    value = values.get(field, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"{field} must be true or false, got {value!r}; save the adapter again")
+    return value
 
 
 def adapted_layer_shapes(config: GPTConfig, targets: tuple[str, ...]) -> dict[str, tuple[int, int]]:
@@ -122,6 +163,10 @@ class LoRAAdapter:
     config: LoRAConfig
     layers: dict[str, tuple[torch.Tensor, torch.Tensor]]
     source: Path
+    """The folder the adapter was read from (`adapter/` inside a `gpt2 finetune --lora` output folder)."""
+    given: str
+    """The path as the caller named it: what the server shows as the adapter's root, so its answers name only
+    paths the client or the command line gave."""
     key: bytes
     """A digest of what the adapter computes (its scaling, layers, A and B): what the server's prefix cache keys
     the blocks of prompts decoded with it under, so no other adapter (nor one loaded again under this name with
@@ -143,20 +188,30 @@ class LoRAAdapter:
         return dataclasses.replace(self, layers=layers)
 
 
-def read_lora_adapter(directory: str | os.PathLike[str], config: GPTConfig, name: str) -> LoRAAdapter:
+def read_lora_adapter(
+    directory: str | os.PathLike[str], config: GPTConfig, name: str, *, max_rank: int | None = None
+) -> LoRAAdapter:
     """The adapter saved in `directory` (PEFT's format, or a `gpt2 finetune --lora` output folder), checked to fit
-    a base model of `config`: every tensor for a layer the base has, of that layer's shape and the config's rank.
+    a base model of `config`: every tensor for a layer the base has, of that layer's shape and the config's rank,
+    and finite. The one reader of adapters from disk (the CLI, `LLM.load(adapters=)`, the server, the exports).
 
-    Errors (ValueError) name the first misfit: an adapter for another base (more blocks, another width), another
-    rank than its config says, a target module the base lacks, tensors missing."""
+    Errors (ValueError) name the file and the first misfit: a config field of the wrong type, a rank above
+    `max_rank` (checked before the weights are read), an adapter for another base (more blocks, another width),
+    another rank than its config says, a target module the base lacks, tensors missing, NaN or infinite weights,
+    a file that is not safetensors."""
     folder = adapter_directory(directory)
     lora = read_adapter_config(folder)
+    if max_rank is not None and lora.rank > max_rank:
+        raise ValueError(
+            f"{folder / ADAPTER_CONFIG_FILE}: r is {lora.rank}, above the largest rank allowed here ({max_rank}); "
+            "use an adapter of a smaller rank, or raise the limit (gpt2 serve --max-lora-rank)"
+        )
     weights_path = folder / ADAPTER_WEIGHTS_FILE
     if not weights_path.is_file():
         raise FileNotFoundError(f"{weights_path} does not exist; the adapter folder is incomplete, save it again")
     try:
         tensors = load_file(str(weights_path))
-    except (SafetensorError, OSError) as error:
+    except (SafetensorError, OSError, ValueError, RuntimeError) as error:
         raise ValueError(f"{weights_path} is not a readable safetensors file ({error}); save it again") from error
     shapes = adapted_layer_shapes(config, lora.target_modules)
     found: dict[str, dict[str, torch.Tensor]] = {}
@@ -168,6 +223,8 @@ def read_lora_adapter(directory: str | os.PathLike[str], config: GPTConfig, name
                 f"{weights_path}: tensor {key} is for no layer this base model adapts ({config.n_layer} blocks, "
                 f"targets {list(lora.target_modules)}); the adapter was made for another base model"
             )
+        if not tensor.is_floating_point():
+            raise ValueError(f"{weights_path}: tensor {key} holds {tensor.dtype}, not floats; save the adapter again")
         found.setdefault(layer, {})[kind[0]] = tensor
     layers = {}
     for layer, (out_features, in_features) in shapes.items():
@@ -181,8 +238,15 @@ def read_lora_adapter(directory: str | os.PathLike[str], config: GPTConfig, name
                 f"(n_embd={config.n_embd}) with rank {lora.rank} needs {(lora.rank, in_features)} and "
                 f"{(out_features, lora.rank)}; the adapter was made for another base model or rank"
             )
-        layers[layer] = (a.float().contiguous(), b.float().contiguous())
-    return LoRAAdapter(name=name, config=lora, layers=layers, source=folder, key=_digest(lora.scaling, layers))
+        a, b = a.float().contiguous(), b.float().contiguous()
+        # one NaN or infinity makes every logit of every row decoded with the adapter NaN
+        for kind, tensor in (("lora_A", a), ("lora_B", b)):
+            if not torch.isfinite(tensor).all():
+                raise ValueError(f"{weights_path}: {kind} of {layer} holds NaN or infinite values; save it again")
+        layers[layer] = (a, b)
+    digest = _digest(lora.scaling, layers)
+    return LoRAAdapter(name=name, config=lora, layers=layers, source=folder, given=os.fspath(directory),
+                       key=digest)  # fmt: skip
 
 
 def _digest(scaling: float, layers: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> bytes:
