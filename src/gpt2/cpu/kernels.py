@@ -79,16 +79,19 @@ def library_name(isa: str) -> str:
     return f"gpt2_{isa}"
 
 
-@functools.cache
 def kernels_available(isa: str | None = None) -> bool:
-    """Build (once per machine) and load the native kernels for `isa` (default: the one `selected_isa` picks);
-    False, with one logged line saying why, where that is not possible. Cached for the process: the ops are
-    registered process-wide by torch (`torch.ops.gpt2_<isa>`)."""
+    """Build (once per machine) and load the native kernels for `isa` (default: the one `selected_isa` picks now);
+    False, with one logged line saying why, where that is not possible."""
     if os.environ.get(SWITCH_VARIABLE) == "0":
         return False
     isa = isa or selected_isa()
-    if isa is None:
-        return False
+    return isa is not None and _built(isa)
+
+
+@functools.cache
+def _built(isa: str) -> bool:
+    """kernels_available for one build, cached for the process: the ops are registered process-wide by torch
+    (`torch.ops.gpt2_<isa>`)."""
     if platform.system() != "Linux":
         log.warning("gpt2: native CPU kernels are built on Linux only; decoding uses PyTorch's kernels")
         return False
