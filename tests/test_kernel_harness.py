@@ -38,7 +38,9 @@ COMMAND_TIMEOUT = 300  # seconds, for a compile on a busy machine
 VECTOR_ISAS = ["neon", "avx2", "avx512"]
 LANES = {"neon": "4", "avx2": "8", "avx512": "16"}
 TILE_CHECKS = [
-    f"tile_{kind}.{check}" for kind in ("int8", "int4") for check in ("decode_equals_scalar", "sums_equal_scalar")
+    f"tile_{kind}.{check}"
+    for kind in ("int8", "int4")
+    for check in ("decode_equals_scalar", "sums_equal_scalar", "streamed_sums_equal_scalar")
 ]
 
 

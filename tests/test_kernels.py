@@ -97,7 +97,7 @@ def stored(layer: torch.nn.Linear, precision: str) -> tuple[torch.Tensor, torch.
 
 # ------------------------------------------------------------------------------------------ products
 @pytest.mark.parametrize("precision", PRECISIONS)
-@pytest.mark.parametrize("rows", [1, 3, 4, 5, 17])
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 17, 40])  # decode steps; groups of PROMPT_ROWS and the rest
 @pytest.mark.parametrize("shape", [(96, 64), (301, 128)])  # (out, in): 301 rows leave a partial tile
 def test_each_format_computes_the_linear_layer_of_its_weights(precision: str, rows: int, shape: tuple) -> None:
     torch.manual_seed(SEED)
@@ -119,6 +119,7 @@ def test_many_rows_multiply_by_the_dequantized_weight(
 ) -> None:
     """In float32, or in bfloat16 where the CPU multiplies it fast (many_rows_dtype): both paths on every CPU."""
     monkeypatch.setattr(kernels, "many_rows_dtype", lambda: many_rows_dtype)
+    monkeypatch.setattr(kernels, "native_prompts", lambda precision: False)
     torch.manual_seed(SEED)
     layer = NativeLinear.from_linear(torch.nn.Linear(64, 96), precision)
     x = torch.randn(2, MANY_ROWS[precision] // 2 + 1, 64)  # (B, T, in) with B * T >= MANY_ROWS
@@ -130,6 +131,35 @@ def test_many_rows_multiply_by_the_dequantized_weight(
     few = x[:1, :5]
     inputs = few.bfloat16().float() if precision == "bfloat16" else few
     torch.testing.assert_close(layer(few), layer.reference_forward(inputs), atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+def test_many_int_rows_stay_native_where_the_cpu_has_pair_products(
+    precision: str, native: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """native_prompts: the native product of many rows (its activations quantized to int16 in blocks of 32) or the
+    float32 product over the dequantized weight, each the layer's linear map."""
+    monkeypatch.setattr(kernels, "native_prompts", lambda precision: native)
+    torch.manual_seed(SEED)
+    layer = NativeLinear.from_linear(torch.nn.Linear(128, 301), precision)
+    x = torch.randn(3, MANY_ROWS[precision], 128)
+    y, expected = layer(x), layer.reference_forward(x)
+    native_y = native_linear(x, layer.weight_packed, layer.scale, layer.bias, layer.kind, layer.out_features)
+    assert torch.equal(y, native_y) == native
+    torch.testing.assert_close(y, expected, atol=2e-4 * expected.abs().max().item(), rtol=0)
+
+
+def test_native_prompts_need_one_instruction_pair_products(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernels, "active_isa", lambda: "avx512")
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx512f", "avx512_vnni"}))
+    assert kernels.native_prompts("int8") and kernels.native_prompts("int4")
+    assert not kernels.native_prompts("bfloat16")
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx512f"}))
+    assert not kernels.native_prompts("int8")
+    monkeypatch.setattr(kernels, "active_isa", lambda: "avx2")
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"avx2", "avx_vnni"}))
+    assert not kernels.native_prompts("int8")
 
 
 def test_a_layer_keeps_its_inputs_dtype() -> None:

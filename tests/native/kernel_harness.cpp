@@ -179,8 +179,9 @@ static void sixteen_bit_floats(Random& random) {
 
 // ------------------------------------------------------------------------ the int8 and int4 tile products
 // One tile (16 output rows by K inputs) of random bytes in the layouts of cpu_decode.cpp's header, against ROWS
-// activation rows: 4 at a time, then one at a time, as tiled_product takes them.
-constexpr int64_t K = 2 * BLOCK, BLOCKS = K / BLOCK, ROWS = 5;
+// activation rows: all at once past FEW_ROWS (PROMPT_ROWS at a time, the rest together), as tiled_product takes
+// them, and the first FEW_ROWS block by block as a decode step takes them.
+constexpr int64_t K = 2 * BLOCK, BLOCKS = K / BLOCK, ROWS = 14;  // past any ISA's PROMPT_ROWS (12 at most)
 
 // W[r, k] read from the tile's bytes as cpu_decode.cpp's header lays them out, one code at a time
 static int32_t weight_code(Kind kind, const std::vector<uint8_t>& tile, int64_t r, int64_t k) {
@@ -194,26 +195,28 @@ static int32_t weight_code(Kind kind, const std::vector<uint8_t>& tile, int64_t 
 template <Kind kind>
 static void tile_product(const char* name, const std::vector<uint8_t>& tile, const c10::Half* params,
                          const QuantizedRows& xq) {
-  std::vector<float> sums(ROWS * TILE, 0.0f);
+  std::vector<float> sums(ROWS * TILE, 0.0f), streamed(FEW_ROWS * TILE, 0.0f);
   bool decoded = true;
-  TileBlock t;
   for (int64_t b = 0; b < BLOCKS; b++) {
-    decode_tile_block<kind>(tile.data(), kind == I4 ? params + b * 2 * TILE : nullptr, b, t);
     // pair p as cpu_decode.cpp's dequantization reads it: lane i of vector h is row hW + i, inputs 2p and 2p + 1
-    for (int64_t pair = 0; pair < BLOCK / 2; pair++)
-      for (int h = 0; h < TV; h++) {
-        int32_t even[W], odd[W];
-        spill(even, v::even_lanes(t.pairs[pair][h]));
-        spill(odd, v::odd_lanes(t.pairs[pair][h]));
-        for (int i = 0; i < W; i++) {
-          const int64_t row = h * W + i, k = b * BLOCK + 2 * pair;
-          decoded = decoded && even[i] == weight_code(kind, tile, row, k);
-          decoded = decoded && odd[i] == weight_code(kind, tile, row, k + 1);
-        }
+    for_each_pair<kind>(tile.data(), b, [&](int64_t pair, int h, v::P pairs) {
+      int32_t even[W], odd[W];
+      spill(even, v::even_lanes(pairs));
+      spill(odd, v::odd_lanes(pairs));
+      for (int i = 0; i < W; i++) {
+        const int64_t row = h * W + i, k = b * BLOCK + 2 * pair;
+        decoded = decoded && even[i] == weight_code(kind, tile, row, k);
+        decoded = decoded && odd[i] == weight_code(kind, tile, row, k + 1);
       }
-    int64_t n = 0;
-    for (; n + 4 <= ROWS; n += 4) accumulate_rows<kind, 4>(t, xq, n, K, BLOCKS, b, sums.data());
-    for (; n < ROWS; n++) accumulate_rows<kind, 1>(t, xq, n, K, BLOCKS, b, sums.data());
+    });
+    const c10::Half* block_params = kind == I4 ? params + b * 2 * TILE : nullptr;
+    accumulate_rows_streaming<kind, FEW_ROWS>(tile.data(), block_params, xq, 0, K, BLOCKS, b, streamed.data());
+  }
+  const std::vector<int32_t> panels = row_panels(xq, ROWS, K);
+  for (int64_t n = 0; n < ROWS; n += PROMPT_ROWS) {
+    const int64_t rows = std::min<int64_t>(PROMPT_ROWS, ROWS - n);
+    tile_rows_upto<kind, PROMPT_ROWS>(rows, tile.data(), params, xq, panels.data() + n * K / 2, n, K,
+                                      sums.data() + n * TILE);
   }
   // the same sums one row at a time: each block's exact integer dot product, then the kernel's float operations in
   // its order, which makes them equal to the bit
@@ -237,6 +240,8 @@ static void tile_product(const char* name, const std::vector<uint8_t>& tile, con
   print_check(std::string(name) + ".decode_equals_scalar", decoded);
   const bool same = std::memcmp(sums.data(), expected.data(), 4 * sums.size()) == 0;
   print_check(std::string(name) + ".sums_equal_scalar", same);
+  const bool streamed_same = std::memcmp(streamed.data(), expected.data(), 4 * streamed.size()) == 0;
+  print_check(std::string(name) + ".streamed_sums_equal_scalar", streamed_same);
 }
 
 static void tiles(Random& random) {

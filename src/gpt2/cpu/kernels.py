@@ -67,6 +67,10 @@ BLOCK = 32  # inputs per activation-quantization block and per int4 group
 # the 2-core Zen 5 VM, a prefill of P tokens: int8 24-32 (P = 63: 68 ms native, 38 dequantized), int4 the same,
 # bfloat16 64; benchmarks/inference/prefill_crossover.py). The native product reads the weights once every 4 rows.
 MANY_ROWS = {"bfloat16": 64, "int8": 32, "int4": 32}
+# Where int16 pair products are one instruction (AVX512-VNNI's `vpdpwssd`: 32 multiply-adds, twice a float32 FMA's),
+# int8 and int4 products of any number of rows stay native: a whole tile against 12 rows at a time runs ~1.3x
+# oneDNN's float32 product over the dequantized weight (`gpt2 bench prefill --precisions float32,int8,int4`).
+NATIVE_PROMPT_FLAGS = {"avx512": "avx512_vnni"}
 INT8_MAX = 127
 INT4_LEVELS = 15
 KIND = {"float32": 0, "bfloat16": 1, "int8": 2, "int4": 3}  # the C++ file's `Kind`
@@ -296,7 +300,8 @@ class NativeLinear(nn.Module):
 
     A few rows (decode steps, small batches) stream the weight through the native product; from
     MANY_ROWS[precision] rows on (prefills, evaluation) one matrix product over the weight dequantized on the fly
-    is faster, in the dtype this CPU multiplies fastest (`many_rows_dtype`)."""
+    is faster, in the dtype this CPU multiplies fastest (`many_rows_dtype`), unless the native int8 / int4 product
+    of many rows is (`native_prompts`)."""
 
     weight_packed: torch.Tensor
     scale: torch.Tensor | None
@@ -333,7 +338,7 @@ class NativeLinear(nn.Module):
         return cls(precision, weight, scale, linear.bias, linear.in_features, linear.out_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() // x.shape[-1] >= MANY_ROWS[self.precision]:
+        if x.numel() // x.shape[-1] >= MANY_ROWS[self.precision] and not native_prompts(self.precision):
             dtype = many_rows_dtype()
             bias = None if self.bias is None else self.bias.to(dtype)
             weight = self.dequantized_weight(dtype)
@@ -354,6 +359,15 @@ class NativeLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.precision} (native)"
+
+
+def native_prompts(precision: str) -> bool:
+    """Whether products of many rows at `precision` run on the native kernels rather than over the dequantized
+    weight: int8 and int4 on a build whose CPU has one-instruction int16 pair products (NATIVE_PROMPT_FLAGS)."""
+    if precision not in ("int8", "int4"):
+        return False
+    flag = NATIVE_PROMPT_FLAGS.get(active_isa())
+    return flag is not None and flag in cpu_flags()
 
 
 def onednn_available() -> bool:

@@ -92,43 +92,55 @@ static void rowmajor_product(const Wt* w, const RowActivations& x, int64_t N, in
   });
 }
 
-// I8 and I4: tiles of 16 output rows, whose 16 partial sums are TV vectors (no horizontal sums). For each block of
-// 32 inputs the tile's weights are decoded once, then every activation row takes its exact int32 dot products
-// against them, scaled into its float sums once per block.
+// I8 and I4: tiles of 16 output rows, whose 16 partial sums are TV vectors (no horizontal sums); each activation row
+// takes its exact int32 dot products with a block of 32 inputs of the tile, scaled into its float sums once per block.
+// A few rows (decode steps): every thread streams its share of the weights once, block by block for all rows, the
+// sums in memory. More (prompts, evaluation): PROMPT_ROWS rows at a time against a whole tile, the sums in
+// registers; the rows of a chunk (~256 KB of activation codes, which the cache keeps) go against all of a thread's
+// tiles before the next chunk.
 template <Kind kind>
 static void tiled_product(const uint8_t* w, const float* row_scale, const c10::Half* group_params,
                           const QuantizedRows& xq, int64_t N, int64_t K, int64_t O, const Output& out) {
   const int64_t tiles = (O + TILE - 1) / TILE, blocks = K / BLOCK;
   const int64_t tile_bytes = kind == I8 ? TILE * K : TILE * K / 2;
-  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> sums(N * TILE);  // (N, 16) float sums of the current tile
-    TileBlock t;
-    for (int64_t tile = begin; tile < end; tile++) {
-      const int64_t o0 = tile * TILE, rows = std::min(TILE, O - o0);
-      std::fill(sums.begin(), sums.end(), 0.0f);
-      for (int64_t b = 0; b < blocks; b++) {
-        const uint8_t* tile_weights = w + tile * tile_bytes;
-        const c10::Half* params = kind == I4 ? group_params + (tile * blocks + b) * 2 * TILE : nullptr;
-        prefetch_ahead(tile_weights + b * tile_bytes / blocks, tile_bytes / blocks);
-        if (params) prefetch_ahead(params, 2 * TILE * sizeof(c10::Half));
-        switch (N) {  // a few rows: each pair multiplied as it is decoded; more: the block decoded once for all
-          case 1: accumulate_rows_streaming<kind, 1>(tile_weights, params, xq, 0, K, blocks, b, sums.data()); break;
-          case 2: accumulate_rows_streaming<kind, 2>(tile_weights, params, xq, 0, K, blocks, b, sums.data()); break;
-          case 3: accumulate_rows_streaming<kind, 3>(tile_weights, params, xq, 0, K, blocks, b, sums.data()); break;
-          case 4: accumulate_rows_streaming<kind, 4>(tile_weights, params, xq, 0, K, blocks, b, sums.data()); break;
-          default: {
-            decode_tile_block<kind>(tile_weights, params, b, t);
-            int64_t n = 0;
-            for (; n + 4 <= N; n += 4) accumulate_rows<kind, 4>(t, xq, n, K, blocks, b, sums.data());
-            for (; n < N; n++) accumulate_rows<kind, 1>(t, xq, n, K, blocks, b, sums.data());
+  auto tile_params = [&](int64_t tile) { return kind == I4 ? group_params + tile * blocks * 2 * TILE : nullptr; };
+  if (N > FEW_ROWS) {
+    const int64_t chunk = std::max<int64_t>(PROMPT_ROWS, (1 << 17) / K / PROMPT_ROWS * PROMPT_ROWS);
+    const std::vector<int32_t> panels = row_panels(xq, N, K);
+    at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+      float sums[PROMPT_ROWS * TILE];
+      for (int64_t n0 = 0; n0 < N; n0 += chunk)
+        for (int64_t tile = begin; tile < end; tile++) {
+          const int64_t o0 = tile * TILE, outputs = std::min(TILE, O - o0);
+          for (int64_t n = n0; n < std::min(N, n0 + chunk); n += PROMPT_ROWS) {
+            const int64_t rows = std::min<int64_t>(PROMPT_ROWS, N - n);
+            const int32_t* panel = panels.data() + n * K / 2;  // group n / PROMPT_ROWS
+            tile_rows_upto<kind, PROMPT_ROWS>(rows, w + tile * tile_bytes, tile_params(tile), xq, panel, n, K, sums);
+            for (int64_t r = 0; r < rows; r++) out.store_tile(n + r, o0, outputs, sums + r * TILE, row_scale);
           }
         }
-      }
-      for (int64_t n = 0; n < N; n++)
-        for (int64_t r = 0; r < rows; r++) {
-          const float value = sums[n * TILE + r];
-          out.store(n, o0 + r, kind == I8 ? value * row_scale[o0 + r] : value);
+    });
+    return;
+  }
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    float sums[FEW_ROWS * TILE];  // (N, 16) float sums of the current tile
+    for (int64_t tile = begin; tile < end; tile++) {
+      const int64_t o0 = tile * TILE;
+      const uint8_t* tile_weights = w + tile * tile_bytes;
+      std::fill(sums, sums + N * TILE, 0.0f);
+      for (int64_t b = 0; b < blocks; b++) {
+        const c10::Half* params = kind == I4 ? tile_params(tile) + b * 2 * TILE : nullptr;
+        prefetch_ahead(tile_weights + b * tile_bytes / blocks, tile_bytes / blocks);
+        if (params) prefetch_ahead(params, 2 * TILE * sizeof(c10::Half));
+        static_assert(FEW_ROWS == 4, "the cases are the counts up to FEW_ROWS");
+        switch (N) {
+          case 1: accumulate_rows_streaming<kind, 1>(tile_weights, params, xq, 0, K, blocks, b, sums); break;
+          case 2: accumulate_rows_streaming<kind, 2>(tile_weights, params, xq, 0, K, blocks, b, sums); break;
+          case 3: accumulate_rows_streaming<kind, 3>(tile_weights, params, xq, 0, K, blocks, b, sums); break;
+          default: accumulate_rows_streaming<kind, 4>(tile_weights, params, xq, 0, K, blocks, b, sums);
         }
+      }
+      for (int64_t n = 0; n < N; n++) out.store_tile(n, o0, std::min(TILE, O - o0), sums + n * TILE, row_scale);
     }
   });
 }

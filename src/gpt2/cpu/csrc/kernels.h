@@ -24,10 +24,14 @@ constexpr int64_t TILE = 16;    // output rows per tile
 constexpr int64_t BLOCK = 32;   // inputs per activation-quantization block (and per int4 group)
 constexpr int64_t MAX_ROWS = 4; // row-major formats: activation rows computed together while a weight block is loaded
 // Up to this many activation rows, row-major products take one weight row at a time against all of them (one
-// sequential stream a thread, as for one row); past it, v::ROW_BLOCK weight rows a block, which does more
-// arithmetic per load. For the 124M float32 model the first is faster up to 4 rows and the second at 8
+// sequential stream a thread, as for one row), and int8 / int4 ones each block against all of them; past it,
+// v::ROW_BLOCK weight rows a block, and a whole int8 / int4 tile against PROMPT_ROWS rows, which do more arithmetic
+// per load. For the 124M float32 model the first is faster up to 4 rows and the second at 8
 // (`gpt2 bench decode --precisions float32 --batch-sizes 1,2,4,8` re-derives FEW_ROWS).
 constexpr int64_t FEW_ROWS = 4;
+// Activation rows an int8 / int4 tile multiplies at once past FEW_ROWS (`tile_rows`): R x TV int32 dot products and
+// as many float sums, with a vector of weights and one of activations, in the ISA's registers.
+constexpr int PROMPT_ROWS = std::clamp((v::REGISTERS - 4) / (2 * TV), 1, 12);
 
 // How far ahead of the weights being read a thread asks for cache lines (`prefetch_ahead`): a stream of weights
 // then keeps more lines in flight than the out-of-order window alone reaches, the more so with narrow vectors. 2048
@@ -81,6 +85,20 @@ static QuantizedRows quantize_rows(const float* x, int64_t N, int64_t K) {
   return q;
 }
 
+// The activation codes as the int8 / int4 products of many rows read them: per group of PROMPT_ROWS rows (the last
+// padded with zeros), for each pair of inputs (2p, 2p + 1) the group's rows side by side as 32-bit lanes:
+// (groups, K / 2, PROMPT_ROWS) int32. Each row's pair is then one broadcast at an offset known when compiling, where
+// rows K apart take an address register each (12 rows spill them to the stack).
+static std::vector<int32_t> row_panels(const QuantizedRows& xq, int64_t N, int64_t K) {
+  const int64_t groups = (N + PROMPT_ROWS - 1) / PROMPT_ROWS, pairs = K / 2;
+  std::vector<int32_t> panels(groups * pairs * PROMPT_ROWS, 0);
+  for (int64_t n = 0; n < N; n++) {
+    int32_t* group = panels.data() + (n / PROMPT_ROWS) * pairs * PROMPT_ROWS + n % PROMPT_ROWS;
+    for (int64_t p = 0; p < pairs; p++) std::memcpy(group + p * PROMPT_ROWS, xq.codes.data() + n * K + 2 * p, 4);
+  }
+  return panels;
+}
+
 // ------------------------------------------------------------------------------------------ the products
 // Every product writes y[n, o] = (accumulate ? y[n, o] : 0) + sum_k W[o, k] x[n, k] + bias[o] for o < O, with
 // y's rows `ldy` floats apart. Work is split over output rows across torch's intra-op threads, and each
@@ -94,6 +112,21 @@ struct Output {
     if (bias) value += bias[o];
     float& slot = y[n * ldy + o];
     slot = accumulate ? slot + value : value;
+  }
+  // row n's outputs o0..o0+rows-1 from values[0..rows), each times scale[o] where given (int8's row scales); a whole
+  // tile of 16 as vectors
+  void store_tile(int64_t n, int64_t o0, int64_t rows, const float* values, const float* scale) const {
+    if (rows < TILE) {
+      for (int64_t r = 0; r < rows; r++) store(n, o0 + r, scale ? values[r] * scale[o0 + r] : values[r]);
+      return;
+    }
+    for (int64_t i = 0; i < TILE; i += W) {
+      v::F value = v::load(values + i);
+      if (scale) value = v::mul(value, v::load(scale + o0 + i));
+      if (bias) value = v::add(value, v::load(bias + o0 + i));
+      float* slot = y + n * ldy + o0 + i;
+      v::store(slot, accumulate ? v::add(v::load(slot), value) : value);
+    }
   }
 };
 
@@ -187,25 +220,11 @@ static inline void for_each_pair(const uint8_t* tile_weights, int64_t b, Visit&&
   }
 }
 
-// A tile's block of 32 inputs decoded: the pairs of for_each_pair, and (I4) the 16 rows' scale and minimum of the
-// group as TV float vectors each.
-struct TileBlock {
-  v::P pairs[BLOCK / 2][TV];
-  v::F scale[TV];
-  v::F minimum[TV];
-};
-
 static inline void load_group_params(const c10::Half* params, v::F* scale, v::F* minimum) {
   for (int h = 0; h < TV; h++) {
     scale[h] = v::load_half(params + h * W);
     minimum[h] = v::load_half(params + TILE + h * W);
   }
-}
-
-template <Kind kind>
-static inline void decode_tile_block(const uint8_t* tile_weights, const c10::Half* params, int64_t b, TileBlock& t) {
-  for_each_pair<kind>(tile_weights, b, [&](int64_t pair, int h, v::P pairs) { t.pairs[pair][h] = pairs; });
-  if constexpr (kind == I4) load_group_params(params, t.scale, t.minimum);
 }
 
 // The exact int32 dot products of one block with activation rows n..n+R-1, A chains per row and vector so that about
@@ -234,43 +253,47 @@ struct BlockDots {
     }
   }
 
-  // sums[n + r, 16 rows] += the dots times the block's activation scale (I8: the row scales come at the end), times
-  // the group's scale plus its minimum times the activations' sum (I4)
+  // the same with the rows' pairs read from their panel (`row_panels`), block b's part: pair p of row r at
+  // panel[p * PROMPT_ROWS + r], an offset the compiler knows
+  void add(int64_t pair, int h, v::P pairs, const int32_t* panel) {
+    for (int r = 0; r < R; r++) dot[r][h][pair % A] = v::dot_pairs(dot[r][h][pair % A], pairs, panel[pair * PROMPT_ROWS + r]);
+  }
+
+  // acc[r] (the 16 rows' float sums of activation row n + r) += the dots times the block's activation scale (I8: the
+  // row scales come at the end), times the group's scale plus its minimum times the activations' sum (I4)
   template <Kind kind>
-  void scale_into(int64_t n, int64_t blocks, int64_t b, const v::F* scale, const v::F* minimum, float* sums) const {
+  void scale_into(int64_t n, int64_t blocks, int64_t b, const v::F* scale, const v::F* minimum, v::F (&acc)[R][TV]) const {
     for (int r = 0; r < R; r++) {
       const int64_t at = (n + r) * blocks + b;
       const v::F x_scale = v::set1(xq.scales[at]);
       for (int h = 0; h < TV; h++) {
         v::I total = dot[r][h][0];
         for (int a = 1; a < A; a++) total = v::iadd(total, dot[r][h][a]);
-        float* row = sums + (n + r) * TILE + h * W;
-        v::F acc = v::load(row);
         if constexpr (kind == I8) {
-          acc = v::fma(v::to_float(total), x_scale, acc);
+          acc[r][h] = v::fma(v::to_float(total), x_scale, acc[r][h]);
         } else {
           const v::F scaled = v::mul(v::to_float(total), x_scale);
-          acc = v::fma(minimum[h], v::set1(xq.sums[at]), v::fma(scaled, scale[h], acc));
+          acc[r][h] = v::fma(minimum[h], v::set1(xq.sums[at]), v::fma(scaled, scale[h], acc[r][h]));
         }
-        v::store(row, acc);
       }
     }
   }
+
+  // the same into sums[n + r, 16 rows] in memory
+  template <Kind kind>
+  void scale_into(int64_t n, int64_t blocks, int64_t b, const v::F* scale, const v::F* minimum, float* sums) const {
+    v::F acc[R][TV];
+    for (int r = 0; r < R; r++)
+      for (int h = 0; h < TV; h++) acc[r][h] = v::load(sums + (n + r) * TILE + h * W);
+    scale_into<kind>(n, blocks, b, scale, minimum, acc);
+    for (int r = 0; r < R; r++)
+      for (int h = 0; h < TV; h++) v::store(sums + (n + r) * TILE + h * W, acc[r][h]);
+  }
 };
 
-// sums[n, 16 rows] += the decoded block b . rows n..n+R-1 of x (the block decoded once for all rows)
-template <Kind kind, int R>
-static inline void accumulate_rows(const TileBlock& t, const QuantizedRows& xq, int64_t n, int64_t K, int64_t blocks,
-                                   int64_t b, float* sums) {
-  BlockDots<R> dots(xq, n, K, b);
-#pragma GCC unroll 16
-  for (int64_t pair = 0; pair < BLOCK / 2; pair++)
-    for (int h = 0; h < TV; h++) dots.add(pair, h, t.pairs[pair][h]);
-  dots.template scale_into<kind>(n, blocks, b, t.scale, t.minimum, sums);
-}
-
-// The same for all of a few rows (N <= 4) at once, each pair multiplied as it is decoded: no decoded block kept,
-// which with narrow vectors (AVX2's block is 32 registers of 16) would go through memory.
+// sums[n, 16 rows] += block b of a tile . rows n..n+R-1 of x, for a few rows (N <= 4): each pair multiplied into
+// every row as it is decoded (no decoded block kept: with narrow vectors AVX2's would be 32 registers of 16), the
+// sums in memory from block to block.
 template <Kind kind, int R>
 static inline void accumulate_rows_streaming(const uint8_t* tile_weights, const c10::Half* params,
                                              const QuantizedRows& xq, int64_t n, int64_t K, int64_t blocks, int64_t b,
@@ -280,6 +303,40 @@ static inline void accumulate_rows_streaming(const uint8_t* tile_weights, const 
   v::F scale[TV], minimum[TV];
   if constexpr (kind == I4) load_group_params(params, scale, minimum);
   dots.template scale_into<kind>(n, blocks, b, scale, minimum, sums);
+}
+
+// out[r, 16 rows] = a tile's 16 rows . activation rows n..n+R-1 over all K inputs (before int8's row scales), for
+// many rows (prompts): each pair multiplied into all R rows as it is decoded, and the float sums kept in registers
+// from block to block (R = PROMPT_ROWS fills them). `panel`: the rows' group in `row_panels`.
+template <Kind kind, int R>
+static inline void tile_rows(const uint8_t* tile_weights, const c10::Half* tile_params, const QuantizedRows& xq,
+                             const int32_t* panel, int64_t n, int64_t K, float* out) {
+  const int64_t blocks = K / BLOCK;
+  v::F acc[R][TV];
+  for (int r = 0; r < R; r++)
+    for (int h = 0; h < TV; h++) acc[r][h] = v::zero();
+  constexpr int64_t block_bytes = kind == I8 ? BLOCK * TILE : BLOCK * TILE / 2;
+  for (int64_t b = 0; b < blocks; b++) {
+    prefetch_ahead(tile_weights + b * block_bytes, block_bytes);  // the first rows of a tile read it from memory
+    BlockDots<R> dots(xq, n, K, b);
+    const int32_t* block_panel = panel + b * BLOCK / 2 * PROMPT_ROWS;
+    for_each_pair<kind>(tile_weights, b, [&](int64_t pair, int h, v::P pairs) { dots.add(pair, h, pairs, block_panel); });
+    v::F scale[TV], minimum[TV];
+    if constexpr (kind == I4) load_group_params(tile_params + b * 2 * TILE, scale, minimum);
+    dots.template scale_into<kind>(n, blocks, b, scale, minimum, acc);
+  }
+  for (int r = 0; r < R; r++)
+    for (int h = 0; h < TV; h++) v::store(out + r * TILE + h * W, acc[r][h]);
+}
+
+// tile_rows for a runtime count rows in [1, R]
+template <Kind kind, int R>
+static inline void tile_rows_upto(int64_t rows, const uint8_t* tile_weights, const c10::Half* tile_params,
+                                  const QuantizedRows& xq, const int32_t* panel, int64_t n, int64_t K, float* out) {
+  if constexpr (R > 1) {
+    if (rows < R) return tile_rows_upto<kind, R - 1>(rows, tile_weights, tile_params, xq, panel, n, K, out);
+  }
+  tile_rows<kind, R>(tile_weights, tile_params, xq, panel, n, K, out);
 }
 
 // ------------------------------------------------------------------------------------------ the decode step

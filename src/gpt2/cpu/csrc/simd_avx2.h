@@ -13,6 +13,7 @@ namespace GPT2_OPS::simd {
 constexpr const char* NAME = "avx2";
 constexpr int W = 8;
 constexpr int ROW_BLOCK = 2;  // 2 x 4 accumulators, the weights and an activation in 16 registers
+constexpr int REGISTERS = 16;  // vector registers
 constexpr bool NATIVE_BF16 = false;
 
 using F = __m256;

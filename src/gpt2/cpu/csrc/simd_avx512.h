@@ -13,6 +13,7 @@ namespace GPT2_OPS::simd {
 constexpr const char* NAME = "avx512";
 constexpr int W = 16;
 constexpr int ROW_BLOCK = 4;  // 4 x 4 accumulators of 32 registers
+constexpr int REGISTERS = 32;  // vector registers
 #ifdef __AVX512BF16__
 constexpr bool NATIVE_BF16 = true;
 #else

@@ -15,6 +15,7 @@ namespace GPT2_OPS::simd {
 constexpr const char* NAME = "neon";
 constexpr int W = 4;
 constexpr int ROW_BLOCK = 4;  // 4 x 4 accumulators, the weights and an activation in 32 registers
+constexpr int REGISTERS = 32;  // vector registers
 constexpr bool NATIVE_BF16 = false;
 
 using F = float32x4_t;

@@ -21,6 +21,7 @@
 //   dot_pairs(acc, w, x)       acc[i] + w[2i] * x.lo + w[2i + 1] * x.hi for an int32 x holding two int16
 //   even_lanes(P) odd_lanes(P) the W int16 at even (odd) positions, sign-extended to I
 //   ROW_BLOCK                  weight rows a row-major block multiplies at once (what the registers hold)
+//   REGISTERS                  vector registers the ISA has (the int8 / int4 products of many rows fill them)
 #pragma once
 
 #include <c10/util/Half.h>
@@ -35,6 +36,7 @@ namespace GPT2_OPS::simd {
 constexpr const char* NAME = "portable";
 constexpr int W = 1;
 constexpr int ROW_BLOCK = 4;
+constexpr int REGISTERS = 32;  // vector registers
 constexpr bool NATIVE_BF16 = false;
 
 using F = float;
