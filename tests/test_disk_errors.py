@@ -144,9 +144,11 @@ def tiny_training(tmp_path: Path, out: Path, steps: int) -> list[str]:
     corpus = tmp_path / "corpus.txt"
     if not corpus.exists():
         corpus.write_text("the cat sat on the mat and the dog ate the bone. " * 200)
-    settings = dict(data=corpus, tokenizer="bytes", model="gpt2-tiny", n_layer=1, n_head=2, n_embd=16,
-                    block_size=16, batch_size=2, max_steps=steps, warmup_steps=1, eval_interval=2, eval_batches=1,
-                    checkpoint_interval=2, sample_tokens=0, device="cpu", dtype="float32")  # fmt: skip
+    settings = {"data.source": corpus, "data.tokenizer": "bytes", "data.batch_size": 2, "model.name": "gpt2-tiny",
+                "model.n_layer": 1, "model.n_head": 2, "model.n_embd": 16, "model.block_size": 16,
+                "schedule.max_steps": steps, "schedule.warmup_steps": 1, "evaluation.eval_interval": 2,
+                "evaluation.eval_batches": 1, "evaluation.sample_tokens": 0, "output.checkpoint_interval": 2,
+                "runtime.device": "cpu", "runtime.dtype": "float32"}  # fmt: skip
     sets = [item for key, value in settings.items() for item in ("--set", f"{key}={value}")]
     return ["train", "shakespeare-char", "--no-progress", "--out-dir", str(out), *sets]
 

@@ -355,10 +355,26 @@ def test_finetune_settings_use_the_training_set_parser() -> None:
     assert (schedule.max_steps, schedule.warmup_steps, config.lora, config.lora_rank) == (5, 1, True, 4)
     assert (config.batch_size, config.train.output.log_to, config.learning_rate) == ("auto", ("tensorboard",), 3e-4)
     assert config.train.optimizer.weight_decay == 0.0  # fine-tuning's default, not pretraining's
-    with pytest.raises(ValueError, match="max_steps must be int, got 'many'"):
+    with pytest.raises(ValueError, match=r"^schedule.max_steps = 'many': must be an integer in \[1, 2\*\*63\)$"):
         FinetuneConfig.from_settings(["max_steps=many"])
-    with pytest.raises(ValueError, match=r"unknown fine-tuning key\(s\) \['nope'\]"):
+    with pytest.raises(ValueError, match=r"^unknown fine-tuning key nope; a key is one of batch_size, data, "):
         FinetuneConfig.from_settings(["nope=1"])
+    with pytest.raises(ValueError, match=r"^unknown fine-tuning key lora_rnk; did you mean lora_rank\?$"):
+        FinetuneConfig.from_settings(["lora_rnk=1"])
+
+
+def test_finetune_settings_report_every_problem_at_once_each_on_its_line() -> None:
+    with pytest.raises(ValueError) as caught:
+        FinetuneConfig.from_settings(["lora=maybe", "lora_rank=0", "batch_size=none", "memory_budget=lots",
+                                      "schedule.max_steps=0", "runtime.seed=-1"])  # fmt: skip
+    assert str(caught.value).splitlines() == [
+        "lora = 'maybe': must be true or false",
+        "lora_rank = 0: must be an integer in [1, 2**63)",
+        "batch_size = 'none': must be an integer in [1, 2**63) or one of 'auto'",
+        "memory_budget = 'lots': must be a size: write it like 16GiB, 512MiB or 8GB",
+        "schedule.max_steps = 0: must be an integer in [1, 2**63)",
+        "runtime.seed = -1: must be an integer in [0, 2**63)",
+    ]
 
 
 # ----------------------------------------------------------------------------------------- gpt2 chat

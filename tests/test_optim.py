@@ -189,12 +189,14 @@ def test_muon_gets_exactly_the_blocks_matrices_and_adamw_everything_else():
 
 
 def test_bad_optimizer_settings_name_the_field():
-    for key, value, message in [("optimizer", "sgd", "optimizer must be one of"),
-                                ("lr_schedule", "linear", "lr_schedule must be one of"),
-                                ("muon_momentum", 1.0, "muon_momentum must be in"),
-                                ("muon_ns_steps", 0, "muon_ns_steps must be in"),
-                                ("decay_fraction", 0.0, "decay_fraction must be in"),
-                                ("muon_ns_dtype", "float16", "muon_ns_dtype must be one of")]:  # fmt: skip
+    for key, value, message in [
+        ("optimizer.name", "sgd", "optimizer.name = 'sgd': must be one of"),
+        ("schedule.lr_schedule", "linear", "lr_schedule = 'linear': must be one of"),
+        ("optimizer.muon_momentum", 1.0, r"muon_momentum = 1.0: must be a number in \["),
+        ("optimizer.muon_ns_steps", 0, r"muon_ns_steps = 0: must be an integer in \[1, 20\]"),
+        ("schedule.decay_fraction", 0.0, r"decay_fraction = 0.0: must be a number in \("),
+        ("optimizer.muon_ns_dtype", "float16", "muon_ns_dtype = 'float16': must be one of"),
+    ]:
         with pytest.raises(ValueError, match=message):
             TrainConfig.from_name("stdlib", **{key: value})
 

@@ -95,8 +95,9 @@ def test_the_wheel_in_a_fresh_venv_runs_gpt2_help_and_a_5_step_training(dist: Pa
 
     out = tmp_path / "run"
     settings = {
-        "max_corpus_bytes": 60000, "vocab_size": 300, "max_steps": 5, "n_layer": 1, "n_embd": 32, "block_size": 32,
-        "batch_size": 4, "eval_interval": 5, "eval_batches": 1, "sample_tokens": 8, "device": "cpu",
+        "data.max_corpus_bytes": 60000, "data.vocab_size": 300, "data.batch_size": 4, "schedule.max_steps": 5,
+        "model.n_layer": 1, "model.n_embd": 32, "model.block_size": 32, "evaluation.eval_interval": 5,
+        "evaluation.eval_batches": 1, "evaluation.sample_tokens": 8, "runtime.device": "cpu",
     }  # fmt: skip
     overrides = [item for key, value in settings.items() for item in ("--set", f"{key}={value}")]
     trained = run([str(command), "train", "stdlib", "--no-progress", "--out-dir", str(out), *overrides], env=env)

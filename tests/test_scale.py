@@ -460,12 +460,14 @@ def test_the_gpt2_124m_recipe_runs_end_to_end_on_cpu_with_two_processes(
     assert sum(s["split"] == "train" for s in manifest["shards"]) >= 4
 
     overrides = {
-        "data": str(data), "tokenizer": str(gpt2_bpe_dir), "out_dir": str(tmp_path / "run"),
-        "n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32, "batch_size": 2, "total_batch_tokens": 256,
-        "max_steps": 4, "warmup_steps": 1, "eval_interval": 2, "eval_batches": 2, "checkpoint_interval": 2,
-        "hellaswag_file": str(write_hellaswag(tmp_path / "hellaswag.jsonl")), "hellaswag_limit": 2,
-        "sample_tokens": 0, "compile": "false", "device": "cpu", "dtype": "float32",
-        "parallel": parallel, "activation_checkpointing": activation_checkpointing,  # FSDP as gpt2-xl runs it
+        "data.source": str(data), "data.tokenizer": str(gpt2_bpe_dir), "data.batch_size": 2,
+        "data.total_batch_tokens": 256, "output.out_dir": str(tmp_path / "run"), "output.checkpoint_interval": 2,
+        "model.n_layer": 2, "model.n_head": 2, "model.n_embd": 32, "model.block_size": 32,
+        "schedule.max_steps": 4, "schedule.warmup_steps": 1, "evaluation.eval_interval": 2,
+        "evaluation.eval_batches": 2, "evaluation.hellaswag_file": str(write_hellaswag(tmp_path / "hellaswag.jsonl")),
+        "evaluation.hellaswag_limit": 2, "evaluation.sample_tokens": 0, "runtime.compile": "false",
+        "runtime.device": "cpu", "runtime.dtype": "float32", "runtime.parallel": parallel,
+        "runtime.activation_checkpointing": activation_checkpointing,  # FSDP as gpt2-xl runs it
     }  # fmt: skip
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",

@@ -49,7 +49,7 @@ def test_log_to_reads_as_a_list_and_refuses_unknown_trackers() -> None:
     assert parse_overrides(TrainConfig, ["log_to=tensorboard,wandb"])["log_to"] == ("tensorboard", "wandb")
     assert parse_overrides(TrainConfig, ['log_to=["wandb"]'])["log_to"] == ("wandb",)
     assert TrainConfig().output.log_to == ()
-    with pytest.raises(ValueError, match=r"log_to must be one of \('tensorboard', 'wandb'\), got 'mlflow'"):
+    with pytest.raises(ValueError, match=r"output.log_to\[0\] = 'mlflow': must be one of 'tensorboard', 'wandb'"):
         TrainConfig.from_dict(dict(log_to=("mlflow",)))
     assert 'log_to = ["tensorboard"]' in TrainConfig.from_dict(dict(log_to=("tensorboard",))).to_toml()
 
@@ -138,8 +138,8 @@ def test_a_missing_extra_is_one_line_naming_it_and_nothing_is_written(tmp_path: 
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else find_spec(name, *a))
     out = tmp_path / "out"
-    status = cli_main(["train", "--no-progress", "--out-dir", str(out), "--set", "log_to=wandb", "--set",
-                       "max_steps=1"])  # fmt: skip
+    status = cli_main(["train", "--no-progress", "--out-dir", str(out), "--set", "output.log_to=wandb", "--set",
+                       "schedule.max_steps=1"])  # fmt: skip
     error = capsys.readouterr().err.strip()
     assert status == 2 and len(error.splitlines()) == 1
     assert "pip install 'gpt2-faithful[wandb]'" in error

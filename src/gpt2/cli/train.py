@@ -21,10 +21,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "train",
         help="train a model (default: the built-in 'stdlib' preset, a few CPU minutes)",
         description=(
-            "Train a GPT-2 model. CONFIG is a preset name or a TOML file of training config keys (flat; "
-            '`preset = "NAME"` starts from a preset). --set KEY=VALUE overrides any key; the value is read as '
-            'TOML (200, 3e-4, true, "text") or else as a plain string (cpu, out/run1). '
-            f"Presets: {', '.join(PRESETS)}. Keys: see --print-config."
+            "Train a GPT-2 model. CONFIG is a preset name or a TOML file of [section] tables of training config "
+            'keys (`preset = "NAME"` starts from a preset). --set SECTION.FIELD=VALUE overrides any key '
+            '(schedule.max_steps=200); the value is read as TOML (200, 3e-4, true, "text") or else as a plain '
+            "string (cpu, out/run1). The flat keys (max_steps) are aliases, noted on stderr when used. "
+            f"Presets: {', '.join(PRESETS)}. Keys: see --print-config and docs/training.md."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -32,9 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="preset name or TOML file (default: stdlib)")  # fmt: skip
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="override a config key (repeatable), e.g. --set max_steps=200 --set device=cpu",
+        help="override a config key (repeatable), e.g. --set schedule.max_steps=200 --set runtime.device=cpu",
     )  # fmt: skip
-    parser.add_argument("--out-dir", help="output directory (same as --set out_dir=DIR)")
+    parser.add_argument("--out-dir", help="output directory (same as --set output.out_dir=DIR)")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the out dir")
     parser.add_argument(
         "--overwrite", action="store_true",
@@ -50,16 +51,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from gpt2.runtime.files import disk_errors_named
     from gpt2.train import TrainingDiverged, distributed_from_env, train
-    from gpt2.train.config import load_config
+    from gpt2.train.config import ConfigError, load_config
 
+    is_main = distributed_from_env().is_main
     overrides = list(args.overrides)
     if args.out_dir:
-        overrides.append(f"out_dir={args.out_dir}")
-    config = load_config(args.config, overrides)
+        overrides.append(f"output.out_dir={args.out_dir}")
+
+    def notice(line: str) -> None:
+        if is_main:  # once per run, not once per torchrun process
+            print(f"gpt2 train: {line}", file=sys.stderr)
+
+    try:
+        config = load_config(args.config, overrides, notice=notice)
+    except ConfigError as err:  # one line per problem, each under the command's name
+        for problem in err.problems:
+            print(f"gpt2 train: error: {problem}", file=sys.stderr)
+        return 2
     if args.print_config:
         print(config.to_toml(), end="")
         return 0
-    is_main = distributed_from_env().is_main
 
     def log(message: str) -> None:
         from tqdm.auto import tqdm

@@ -12,38 +12,53 @@ import dataclasses
 import re
 import typing
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.dataclasses import dataclass
 
 from gpt2.finetune.lora import LoRAConfig
-from gpt2.train.config import TrainConfig, parse_override, parse_overrides, parse_value
+from gpt2.train.config import (
+    ConfigError,
+    Flag,
+    Integer,
+    Number,
+    TrainConfig,
+    parse_override,
+    parse_overrides,
+    parse_value,
+    problems,
+    unknown_key,
+)
 
 FULL_LEARNING_RATE = 1e-4
 LORA_LEARNING_RATE = 1e-3
-TASKS = ("lm", "classification")
 AUTO = "auto"
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
 
-FINETUNE_TRAINING = TrainConfig.from_dict(dict(
-    max_steps=200, learning_rate=FULL_LEARNING_RATE, warmup_steps=10, weight_decay=0.0, eval_interval=20,
-    checkpoint_interval=100, out_dir="out/finetune", sample_prompt="", sample_tokens=100,
-))  # fmt: skip
+FINETUNE_TRAINING = TrainConfig.from_dict({
+    "optimizer": dict(learning_rate=FULL_LEARNING_RATE, weight_decay=0.0),
+    "schedule": dict(max_steps=200, warmup_steps=10),
+    "evaluation": dict(eval_interval=20, sample_prompt="", sample_tokens=100),
+    "output": dict(checkpoint_interval=100, out_dir="out/finetune"),
+})  # fmt: skip
 """Fine-tuning's training defaults. Its data, tokenizer and model-shape fields are not used: the data is
 FinetuneConfig.data, the model and tokenizer are FinetuneConfig.model's; block_size and dropout apply."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=ConfigDict(extra="forbid", allow_inf_nan=False))
 class FinetuneConfig:
-    """A fine-tuning run; every field, and every field of `train`, is settable with `--set KEY=VALUE` (a
-    training key by its own name, e.g. max_steps=500, or as train.max_steps=500)."""
+    """A fine-tuning run, checked at construction from its annotations and bounds; every field, and every field
+    of `train`, is settable with `--set KEY=VALUE` (a training key as `section.field`, by its flat alias, e.g.
+    max_steps=500, or as train.max_steps=500)."""
 
     model: str = "gpt2"
     """HF directory or Hub name of the pretrained model (its tokenizer is loaded from the same place)."""
     data: str = ""
     """Text file or folder, .jsonl (text, prompt/completion or chat records) or .csv (see text_column); for
     task=classification a .jsonl or .csv file of text + label records (see text_field / label_field)."""
-    task: str = "lm"
+    task: Literal["lm", "classification"] = "lm"
     """lm (next-token fine-tuning) or classification (a sequence classifier with a score head)."""
     label_field: str = "label"
     """task=classification: the JSONL field or CSV column holding the label (an integer id or a name)."""
@@ -52,79 +67,84 @@ class FinetuneConfig:
     text_field: str = "text"
     """The JSONL field holding the text of plain-text records (task=classification: the JSONL field or CSV
     column holding the text)."""
-    lora: bool = False
-    lora_rank: int = 8
-    lora_alpha: float = 16.0
-    lora_dropout: float = 0.05
+    lora: Flag = False
+    lora_rank: Integer = Field(default=8, ge=1)
+    lora_alpha: Number = 16.0
+    lora_dropout: Number = Field(default=0.05, ge=0.0, lt=1.0)
     lora_targets: str = "c_attn"
     """Comma-separated layers to adapt: c_attn, c_proj, c_fc."""
-    batch_size: int | str = 8
+    batch_size: Annotated[Integer, Field(ge=1)] | Literal["auto"] = 8
     """Sequences per micro-batch, or "auto": the largest that fits memory_budget, with grad_accum_steps chosen so
     that batch_size * grad_accum_steps == global_batch_size."""
-    global_batch_size: int | None = None
+    global_batch_size: Integer | None = Field(default=None, ge=1)
     """batch_size=auto: sequences per optimizer step (default 8 * grad_accum_steps)."""
     memory_budget: str | None = None
     """Bytes the run may use, e.g. "16GiB" or "500MB" (default: 0.9 x free RAM on CPU, free GPU memory on CUDA)."""
-    learning_rate: float | None = None
+    learning_rate: Number | None = Field(default=None, gt=0.0)
     """Peak LR; default 1e-4 (full) or 1e-3 (LoRA)."""
-    patience: int | None = None
+    patience: Integer | None = Field(default=None, ge=1)
     """Stop after this many evaluations without a lower val loss (None: never stop early)."""
     train: TrainConfig = FINETUNE_TRAINING
     """Optimizer, schedule, evaluation (eval_interval 0 = only at the start and the end), checkpoints, tracking
     (log_to), sample, device, dtype, seed; block_size (default min(the model's context, 1024)) and dropout
     (default: the model's)."""
 
-    def __post_init__(self) -> None:
-        if isinstance(self.train, dict):  # from parsed overrides: fine-tuning's defaults, then the given keys
-            object.__setattr__(self, "train", FINETUNE_TRAINING.replace(**self.train))
-        if self.task not in TASKS:
-            raise ValueError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
-        if isinstance(self.batch_size, str) and self.batch_size != AUTO:
-            raise ValueError(f"batch_size must be a positive integer or {AUTO!r}, got {self.batch_size!r}")
-        for name in ("batch_size", "global_batch_size"):
-            value = getattr(self, name)
-            if isinstance(value, int) and value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value}")
-        if self.memory_budget is not None:
-            parse_bytes(self.memory_budget)
+    @field_validator("memory_budget")
+    @classmethod
+    def _a_size(cls, text: str | None) -> str | None:
+        try:
+            if text is not None:
+                parse_bytes(text)
+        except ValueError:
+            raise ValueError("must be a size: write it like 16GiB, 512MiB or 8GB") from None
+        return text
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FinetuneConfig:
         if self.task == "classification" and self.lora:
             raise ValueError("task=classification trains every weight and the score head; drop --lora")
         if self.task == "classification" and self.train.data.val_fraction == 0.0:
-            raise ValueError("task=classification needs a val split for its accuracy: set val_fraction > 0")
-        if self.patience is not None and self.patience < 1:
-            raise ValueError(f"patience must be a positive integer or unset, got {self.patience}")
-        if self.learning_rate is not None and not self.learning_rate > 0:
-            raise ValueError(f"learning_rate must be positive, got {self.learning_rate}")
+            raise ValueError("task=classification needs a val split for its accuracy: set data.val_fraction > 0")
         self.lora_config()  # validates the LoRA settings
+        return self
 
     @classmethod
     def from_overrides(cls, **values: Any) -> FinetuneConfig:
-        """A config from values, given by the name of a fine-tuning field or of a training field (text is read
-        as the field's type, as `--set` reads it). Unknown keys are an error listing the valid ones."""
+        """A config from values, given by the name of a fine-tuning field or by a training key (text is read as
+        the field's type, as `--set` reads it). A ConfigError names every unknown key and every bad value."""
         own = {field.name for field in dataclasses.fields(cls)} - {"train"}
-        hints = typing.get_type_hints(cls)
-        train_hints = TrainConfig.key_hints()
-        parsed: dict[str, Any] = {}
-        train: dict[str, Any] = {}
-        for key, value in values.items():
-            if key in own:
-                parsed[key] = parse_value(key, value, hints[key]) if isinstance(value, str) else value
-            elif key in train_hints:
-                train[key] = parse_value(key, value, train_hints[key]) if isinstance(value, str) else value
-            else:
-                raise ValueError(f"unknown fine-tuning setting {key!r}; valid: {', '.join(_valid_keys())}")
-        return cls(**parsed, train=FINETUNE_TRAINING.replace(**train))
+        hints, train_hints = typing.get_type_hints(cls), TrainConfig.key_hints()
+        unknown = [key for key in values if key not in own and key not in train_hints]
+        if unknown:
+            raise ConfigError([unknown_key(key, "fine-tuning", sorted(own)) for key in unknown])
+        read = {
+            key: parse_value(value, hints[key] if key in own else train_hints[key]) if isinstance(value, str) else value
+            for key, value in values.items()
+        }
+        train_problems: list[str] = []
+        try:
+            train = FINETUNE_TRAINING.replace(**{key: value for key, value in read.items() if key not in own})
+        except ConfigError as err:  # reported with the fine-tuning fields' problems
+            train, train_problems = FINETUNE_TRAINING, err.problems
+        try:
+            config = cls(**{key: value for key, value in read.items() if key in own}, train=train)
+        except ValidationError as err:
+            raise ConfigError([*problems(err, cls).problems, *train_problems]) from None
+        if train_problems:
+            raise ConfigError(train_problems)
+        return config
 
     @classmethod
     def from_settings(cls, assignments: Sequence[str], **values: Any) -> FinetuneConfig:
         """A config from `--set KEY=VALUE` assignments (read by the one `--set` parser, `parse_overrides`) and
-        then `values`; a training key may be written bare (max_steps=5) or dotted (train.max_steps=5)."""
+        then `values`; a training key may be written as `section.field`, by its flat alias (max_steps=5) or
+        under train (train.schedule.max_steps=5)."""
         own = {field.name for field in dataclasses.fields(cls)}
         dotted = []
         unknown = [key for key, _ in map(parse_override, assignments)
                    if key.partition(".")[0] not in own and key not in TrainConfig.key_hints()]  # fmt: skip
         if unknown:
-            raise ValueError(f"unknown fine-tuning key(s) {unknown}; valid keys: {', '.join(_valid_keys())}")
+            raise ConfigError([unknown_key(key, "fine-tuning", sorted(own - {"train"})) for key in unknown])
         for assignment in assignments:
             key, raw = parse_override(assignment)
             in_train = key not in own and key in TrainConfig.key_hints()
@@ -151,10 +171,6 @@ class FinetuneConfig:
             learning_rate=lr, warmup_steps=min(train.schedule.warmup_steps, train.schedule.max_steps),
             eval_interval=train.evaluation.eval_interval or train.schedule.max_steps,
         )  # fmt: skip
-
-
-def _valid_keys() -> list[str]:
-    return [f.name for f in dataclasses.fields(FinetuneConfig) if f.name != "train"] + TrainConfig.field_names()
 
 
 def parse_bytes(text: str) -> int:
