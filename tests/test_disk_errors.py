@@ -148,7 +148,7 @@ def tiny_training(tmp_path: Path, out: Path, steps: int) -> list[str]:
                     block_size=16, batch_size=2, max_steps=steps, warmup_steps=1, eval_interval=2, eval_batches=1,
                     checkpoint_interval=2, sample_tokens=0, device="cpu", dtype="float32")  # fmt: skip
     sets = [item for key, value in settings.items() for item in ("--set", f"{key}={value}")]
-    return ["train", "shakespeare-char", "--no-progress", "--out-dir", str(out), *sets]
+    return ["train", "shakespeare-char", "--no-progress", "--out", str(out), *sets]
 
 
 def test_train_on_a_full_disk_keeps_the_last_checkpoint(disk, tmp_path, capsys):

@@ -565,7 +565,7 @@ def test_total_batch_tokens_must_divide_into_micro_steps(tmp_path):
 def test_main_job_runs_end_to_end_at_a_tiny_size(tmp_path, capsys):
     out = tmp_path / "stdlib"
     status = cli_main([
-        "train", "stdlib", "--no-progress", "--out-dir", str(out),
+        "train", "stdlib", "--no-progress", "--out", str(out),
         "--set", "max_corpus_bytes=120000", "--set", "vocab_size=320", "--set", "max_steps=6",
         "--set", "n_layer=1", "--set", "n_embd=32", "--set", "block_size=32", "--set", "batch_size=4",
         "--set", "eval_interval=3", "--set", "eval_batches=1", "--set", "sample_tokens=12", "--set", "device=cpu",
