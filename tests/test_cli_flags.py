@@ -25,7 +25,7 @@ from gpt2.weights import save_pretrained
 def byte_model(tmp_path: Path) -> Path:
     torch.manual_seed(0)
     directory = tmp_path / "tiny"
-    save_pretrained(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=257, block_size=16)), directory)
+    save_pretrained(GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=257, block_size=32)), directory)
     ByteTokenizer().save(directory)
     return directory
 
@@ -98,7 +98,7 @@ def test_chat_refuses_an_adapter_over_the_model_it_is_merged_into(adapter, lora_
 
 
 def test_sample_refuses_a_too_long_prompt_before_echoing_it(byte_model, capsys):
-    prompt = "x" * 40  # the model's context is 16
+    prompt = "x" * 40  # the model's context is 32
     assert main(["sample", "--model", str(byte_model), "--prompt", prompt, "--device", "cpu"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and "--truncate left" in captured.err and captured.err.count("\n") == 1

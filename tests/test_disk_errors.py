@@ -150,7 +150,7 @@ def tiny_training(tmp_path: Path, out: Path, steps: int) -> list[str]:
                 "evaluation.eval_batches": 1, "evaluation.sample_tokens": 0, "output.checkpoint_interval": 2,
                 "runtime.device": "cpu", "runtime.dtype": "float32"}  # fmt: skip
     sets = [item for key, value in settings.items() for item in ("--set", f"{key}={value}")]
-    return ["train", "shakespeare-char", "--no-progress", "--out-dir", str(out), *sets]
+    return ["train", "shakespeare-char", "--no-progress", "--out", str(out), *sets]
 
 
 def test_train_on_a_full_disk_keeps_the_last_checkpoint(disk, tmp_path, capsys):

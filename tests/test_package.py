@@ -100,6 +100,6 @@ def test_the_wheel_in_a_fresh_venv_runs_gpt2_help_and_a_5_step_training(dist: Pa
         "evaluation.eval_batches": 1, "evaluation.sample_tokens": 8, "runtime.device": "cpu",
     }  # fmt: skip
     overrides = [item for key, value in settings.items() for item in ("--set", f"{key}={value}")]
-    trained = run([str(command), "train", "stdlib", "--no-progress", "--out-dir", str(out), *overrides], env=env)
+    trained = run([str(command), "train", "stdlib", "--no-progress", "--out", str(out), *overrides], env=env)
     assert "val loss" in trained.stdout
     assert (out / "model.safetensors").is_file() and (out / "metrics.jsonl").is_file()

@@ -183,3 +183,22 @@ def test_cli_refuses_prompts_of_different_lengths_in_one_line(model_dir: Path, t
     assert main([*common, "--clean", "Ma", "--corrupt", "Jo", "--answer", "MM", "--out", str(tmp_path / "p.json")]) == 2
     assert "--answer 'MM' is 2 tokens" in capsys.readouterr().err
     assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--clean", "", "--corrupt", "John"], "the clean prompt is empty; pass --clean TEXT"),
+        (["--clean", "Mary", "--corrupt", ""], "the corrupted prompt is empty; pass --corrupt TEXT"),
+        (["--clean", "Mary", "--corrupt", "John", "--wrong", "M"], "--answer and --wrong are the same token ('M'"),
+    ],
+    ids=["empty clean", "empty corrupt", "answer equals wrong"],
+)
+def test_cli_names_an_empty_prompt_or_one_token_twice_in_one_line(
+    model_dir: Path, tmp_path: Path, capsys, flags: list[str], message: str
+) -> None:
+    common = ["inspect", "patch", "--model", str(model_dir), "--device", "cpu", "--answer", "M", "--wrong", "J"]
+    assert main([*common, *flags, "--out", str(tmp_path / "p.json")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and message in error and "--prompt" not in error, error
+    assert not (tmp_path / "p.json").exists()

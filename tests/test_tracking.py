@@ -138,7 +138,7 @@ def test_a_missing_extra_is_one_line_naming_it_and_nothing_is_written(tmp_path: 
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else find_spec(name, *a))
     out = tmp_path / "out"
-    status = cli_main(["train", "--no-progress", "--out-dir", str(out), "--set", "output.log_to=wandb", "--set",
+    status = cli_main(["train", "--no-progress", "--out", str(out), "--set", "output.log_to=wandb", "--set",
                        "schedule.max_steps=1"])  # fmt: skip
     error = capsys.readouterr().err.strip()
     assert status == 2 and len(error.splitlines()) == 1

@@ -481,7 +481,7 @@ def test_total_batch_tokens_must_divide_into_micro_steps(tmp_path):
 def test_main_job_runs_end_to_end_at_a_tiny_size(tmp_path, capsys):
     out = tmp_path / "stdlib"
     status = cli_main([
-        "train", "stdlib", "--no-progress", "--out-dir", str(out),
+        "train", "stdlib", "--no-progress", "--out", str(out),
         "--set", "data.max_corpus_bytes=120000", "--set", "data.vocab_size=320", "--set", "schedule.max_steps=6",
         "--set", "model.n_layer=1", "--set", "model.n_embd=32", "--set", "model.block_size=32",
         "--set", "data.batch_size=4", "--set", "evaluation.eval_interval=3", "--set", "evaluation.eval_batches=1",

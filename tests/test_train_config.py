@@ -278,7 +278,7 @@ def test_cli_notes_a_flat_alias_once_and_prints_the_config(capsys):
     out, err = capsys.readouterr()
     assert err == "gpt2 train: note: flat keys are aliases: max_steps is schedule.max_steps\n"
     assert "[schedule]\nmax_steps = 3\n" in out
-    assert cli_main(["train", "--set", "schedule.max_steps=3", "--out-dir", "runs/x", "--print-config"]) == 0
+    assert cli_main(["train", "--set", "schedule.max_steps=3", "--out", "runs/x", "--print-config"]) == 0
     out, err = capsys.readouterr()
     assert err == "" and 'out_dir = "runs/x"' in out
 

@@ -39,6 +39,20 @@ def is_finite_number(value: object) -> TypeGuard[int | float]:
         return False
 
 
+def shown(value: object, limit: int = 20) -> str:
+    """`repr(value)`, cut to its first `limit` characters and "..." when longer: how an error message quotes a
+    value it was given, so a 400-digit number or a megabyte of text is never echoed whole.
+
+    >>> shown(10**30), shown("ok")
+    ('10000000000000000000...', "'ok'")
+    """
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's limit on digits converted to text
+        return f"an integer of about {math.log10(2) * value.bit_length():.0f} digits" if isinstance(value, int) else "?"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 @dataclass(frozen=True)
 class GPTConfig:
     """The shape of a GPT-2 model.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpt2.cli.common import add_model_arguments, add_sampling_arguments, add_threads_argument
+from gpt2.cli.common import add_adapter_argument, add_model_arguments, add_sampling_arguments, add_threads_argument
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,11 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_arguments(parser, inference=True)
-    parser.add_argument(
-        "--adapter",
-        help="a LoRA adapter (PEFT's format) to merge into --model: its folder, or the output of "
-        "`gpt2 finetune --lora` (which holds it in adapter/)",
-    )
+    add_adapter_argument(parser, "a LoRA adapter to merge into --model")
     parser.add_argument("--system", help="a system message that starts the conversation")
     add_threads_argument(parser)
     add_sampling_arguments(parser, max_tokens=200, samples=False, beams=False)  # one streamed reply a turn
@@ -42,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from gpt2.finetune.lora import apply_adapter, find_adapter
 
     params = sampling_params(args)  # every flag is checked before anything loads
-    adapter = find_adapter(args.adapter, args.model) if args.adapter else None
+    adapter = find_adapter(args.adapter[1], args.model) if args.adapter else None
     llm = LLM.load(args.model, tokenizer=args.tokenizer, device=args.device)
     if adapter is not None:
         apply_adapter(llm.model, adapter)  # merged into the float32 weights, then cast

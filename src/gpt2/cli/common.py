@@ -1,8 +1,11 @@
-"""What several subcommands share: the sampling flags, built from the one SamplingParams dataclass."""
+"""What several subcommands share: the sampling flags, built from the one SamplingParams dataclass; the flags
+that mean the same in every command that takes them (--model, --dtype, --adapter, --threads); old spellings of
+renamed flags."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -11,6 +14,7 @@ import torch
 
 from gpt2.api import LLM
 from gpt2.cpu.layouts import PRECISIONS
+from gpt2.export.formats import DTYPE_ALIASES
 from gpt2.inference.sampling import SamplingParams
 
 # What --model reads (gpt2.weights.load_model), for every command that loads one.
@@ -39,13 +43,25 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, inference: bool = Fa
     parser.add_argument("--model", required=required, help=MODEL_HELP)
     parser.add_argument("--tokenizer", help="tokenizer directory or Hub name (default: the one saved with the model)")
     if inference:
-        parser.add_argument(
-            "--dtype",
-            choices=PRECISIONS,
-            default="float32",
-            help=DTYPE_HELP,
-        )
+        add_dtype_argument(parser, default="float32", help=DTYPE_HELP)
         parser.add_argument("--device", default="auto", help="'auto' (cuda when available), 'cpu', 'cuda', ...")
+
+
+def add_dtype_argument(parser: argparse.ArgumentParser, *, default: str | None, help: str) -> None:
+    """--dtype of an inference command: one of PRECISIONS, in any spelling `gpt2 export --dtype` takes too."""
+    parser.add_argument("--dtype", type=precision_name, choices=PRECISIONS, default=default, help=help)
+
+
+def precision_name(text: str) -> str:
+    """A precision in the spelling PRECISIONS uses, from any spelling of it the export formats take (one table of
+    names, gpt2.export.DTYPE_ALIASES); an unknown name comes back as given, for argparse's choices to refuse.
+
+    >>> precision_name("f16"), precision_name("BF16"), precision_name("fp32"), precision_name("int8")
+    ('float16', 'bfloat16', 'float32', 'int8')
+    """
+    short = DTYPE_ALIASES.get(text.lower(), text.lower())
+    long_names = {alias: name for name, alias in DTYPE_ALIASES.items() if name in PRECISIONS}
+    return long_names.get(short, short)
 
 
 def add_speculation_arguments(parser: argparse.ArgumentParser) -> None:
@@ -81,6 +97,17 @@ def load_speculative_llm(args: argparse.Namespace) -> LLM:
     )
 
 
+ADAPTER_HELP = (
+    "[NAME=]DIR: a LoRA adapter's folder (PEFT's format, or a `gpt2 finetune --lora` output folder, which holds it in "
+    "adapter/), named NAME (default: the folder's name)"
+)
+
+
+def add_adapter_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """--adapter [NAME=]DIR, as every command that takes one adapter reads it (args.adapter: (name, folder))."""
+    parser.add_argument("--adapter", metavar="[NAME=]DIR", type=adapter_spec, help=f"{what}. {ADAPTER_HELP}")
+
+
 def adapter_spec(text: str) -> tuple[str, str]:
     """NAME=DIR (or DIR alone, named after its folder) -> (name, directory)."""
     name, separator, directory = text.partition("=")
@@ -90,6 +117,30 @@ def adapter_spec(text: str) -> tuple[str, str]:
     if not name or not directory:
         raise argparse.ArgumentTypeError(f"{text!r} is not NAME=DIR (a name, '=', the adapter's folder)")
     return name, directory
+
+
+class OldSpelling(argparse.Action):
+    """A renamed flag's old spelling, kept working: it stores what the new one does and says once, on stderr, that
+    it is the old spelling."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, *, new: str, **keywords: Any) -> None:
+        super().__init__(option_strings, dest, **keywords)
+        self.new = new
+        self.said = False
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:  # fmt: skip
+        if not self.said:
+            print(f"gpt2: {option_string} is the old spelling of {self.new}; use {self.new}", file=sys.stderr)
+            self.said = True
+        setattr(namespace, self.dest, values)
+
+
+def add_renamed_argument(parser: argparse.ArgumentParser, new: str, old: str, **keywords: Any) -> None:
+    """The flag `new` (add_argument's `keywords`) and its old spelling `old`, hidden from --help (OldSpelling)."""
+    action = parser.add_argument(new, **keywords)
+    parser.add_argument(old, dest=action.dest, action=OldSpelling, new=new, type=keywords.get("type", str),
+                        metavar=action.metavar, help=argparse.SUPPRESS)  # fmt: skip
 
 
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:

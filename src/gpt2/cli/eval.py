@@ -15,8 +15,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gpt2.cli.common import MODEL_HELP, add_threads_argument, load_model_and_tokenizer
-from gpt2.cpu.layouts import PRECISIONS
+from gpt2.cli.common import (
+    MODEL_HELP,
+    add_dtype_argument,
+    add_renamed_argument,
+    add_threads_argument,
+    load_model_and_tokenizer,
+)
 from gpt2.eval import (
     DEFAULT_BATCH_SIZE,
     FEWSHOT_SEED,
@@ -54,9 +59,9 @@ def _shared_arguments() -> tuple[argparse.ArgumentParser, argparse.ArgumentParse
     common.add_argument("--model", required=True, help=MODEL_HELP)
     common.add_argument("--tokenizer", help="tokenizer directory or Hub name (default: the model's directory)")
     common.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:1...")
-    common.add_argument(
-        "--dtype",
-        choices=PRECISIONS,
+    add_dtype_argument(
+        common,
+        default=None,
         help="score in this inference precision (as `gpt2 sample --dtype`); default: the float32 model as trained",
     )
     common.add_argument("--out", type=Path, help="also write the results to this JSON file")
@@ -87,7 +92,9 @@ def _add_perplexity(tasks: argparse._SubParsersAction, common: argparse.Argument
     ppl.add_argument("--context-length", type=int, help="tokens per window (default: the model's block_size)")
     ppl.add_argument("--stride", type=int, help="tokens between windows (default: context length / 2)")
     ppl.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="windows per forward")
-    ppl.add_argument("--max-tokens", type=int, help="evaluate only the first N tokens")
+    add_renamed_argument(
+        ppl, "--max-eval-tokens", "--max-tokens", type=int, metavar="N", help="evaluate only the first N tokens"
+    )
     ppl.add_argument(
         "--no-eot-prefix",
         action="store_true",
@@ -100,7 +107,12 @@ def _add_hellaswag(
     tasks: argparse._SubParsersAction, common: argparse.ArgumentParser, shots: argparse.ArgumentParser
 ) -> None:
     hellaswag = tasks.add_parser(
-        "hellaswag", parents=[common, shots], help="HellaSwag accuracy, completion style (acc, acc_norm, acc_char_norm)"
+        "hellaswag",
+        parents=[common, shots],
+        help="HellaSwag accuracy, completion style (acc, acc_norm, acc_char_norm)",
+        description="HellaSwag: each context with its four endings scored by the ending's log-likelihood; acc (the "
+        "sum), acc_norm (per token, as nanoGPT / llm.c) and acc_char_norm (per character, as lm-eval). Fetches the "
+        "val split unless --data names a file.",
     )
     hellaswag.add_argument("--data", type=Path, help="HellaSwag JSONL (official format); default: fetch the val split")
     hellaswag.add_argument("--limit", type=int, help="only the first N examples")
@@ -123,7 +135,13 @@ def _add_hellaswag(
 def _add_lambada(
     tasks: argparse._SubParsersAction, common: argparse.ArgumentParser, shots: argparse.ArgumentParser
 ) -> None:
-    lambada = tasks.add_parser("lambada", parents=[common, shots], help="LAMBADA last-word accuracy and perplexity")
+    lambada = tasks.add_parser(
+        "lambada",
+        parents=[common, shots],
+        help="LAMBADA last-word accuracy and perplexity",
+        description="LAMBADA: whether greedy decoding gives each passage's last word exactly, and the perplexity of "
+        "that word. Fetches OpenAI's test set unless --data names a file.",
+    )
     lambada.add_argument("--data", type=Path, help='LAMBADA JSONL ({"text": ...}); default: fetch OpenAI\'s test set')
     lambada.add_argument("--limit", type=int, help="only the first N passages")
     lambada.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE, help="passages per forward")
@@ -183,7 +201,7 @@ def run_perplexity(args: argparse.Namespace) -> int:
         args.data,
         split=args.split,
         eot_prefix=not args.no_eot_prefix,
-        max_tokens=args.max_tokens,
+        max_tokens=args.max_eval_tokens,
         context_length=args.context_length,
         stride=args.stride,
         batch_size=args.batch_size,

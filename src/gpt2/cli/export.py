@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt2.api import LLM
-from gpt2.cli.common import add_model_arguments
+from gpt2.cli.common import add_adapter_argument, add_model_arguments
 from gpt2.export import FORMATS, export_dtype, export_model
 from gpt2.export.formats import refuse_existing_output
 from gpt2.export.onnx import require_onnx_packages
@@ -38,10 +38,12 @@ def register(subparsers: Any) -> None:
     add_model_arguments(parser)
     parser.add_argument("--format", required=True, choices=list(FORMATS), help="what to write")
     parser.add_argument("--out", required=True, help="file to write (gguf, llmc) or directory (hf, onnx)")
-    parser.add_argument("--dtype", help="stored precision (default: f16 for gguf, f32 otherwise)")
+    parser.add_argument(
+        "--dtype", help="stored precision (default: f16 for gguf, f32 otherwise; float16 = f16, bfloat16 = bf16, ...)"
+    )
     parser.add_argument("--name", help="model name recorded in the file (gguf; default: the model's folder name)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    parser.add_argument("--adapter", metavar="DIR", help="a LoRA adapter folder (PEFT's format): see above")
+    add_adapter_argument(parser, "with gguf-lora, the adapter to write (NAME: its name in the file); else merged in")
     parser.set_defaults(func=run)
 
 
@@ -53,14 +55,13 @@ def run(args: argparse.Namespace) -> int:
     llm = LLM.load(args.model, tokenizer=args.tokenizer, device="cpu")
     model_path = Path(str(args.model).rstrip("/"))
     name = args.name or (model_path.stem if model_path.is_file() else model_path.name)
+    adapter_name, adapter = args.adapter or (None, None)
     if args.format == "gguf-lora":
-        name = args.name or (Path(str(args.adapter).rstrip("/")).name if args.adapter else None)
-    elif args.adapter:
-        apply_adapter(llm.model, args.adapter)
+        name = args.name or adapter_name
+    elif adapter:
+        apply_adapter(llm.model, adapter)
     with disk_errors_named(args.out):
-        result = export_model(
-            llm.model, llm.tokenizer, args.format, args.out, dtype=dtype, name=name, adapter=args.adapter
-        )
+        result = export_model(llm.model, llm.tokenizer, args.format, args.out, dtype=dtype, name=name, adapter=adapter)
     for path in result.paths:
         print(f"wrote {path} ({result.format}, {result.dtype_of(path)}, {_size(path)})")
     return 0

@@ -15,7 +15,8 @@ patch: activation patching (gpt2.inspect.patching): the answer's logit minus the
 run with one activation (--site: resid_pre, attn_out or mlp_out at one layer and position, or one head's output
 at every position) taken from the clean run; `.json`, `.png` or `.html`. sae: a sparse autoencoder in SAELens'
 format (a folder, or a Hub folder owner/repo/path) at its hook: the top features per token, the reconstruction
-MSE and the loss with the SAE spliced in; `.json` or `.html`.
+MSE and the loss with the SAE spliced in; `.json` (NaN or infinity written as null) or `.html`. An SAE is checked
+to fit the model (its hook exists, its width is the model's there) before anything runs.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from gpt2.cli.common import add_model_arguments
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "inspect",
-        help="pictures of a model's internals: attention patterns, logit lens",
+        help="a model's internals: attention, logit-lens, patch (activation patching), sae",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -41,18 +42,36 @@ def register(subparsers: Any) -> None:
     common.add_argument("--device", default="auto", help="'auto' (cuda when available), 'cpu', 'cuda', ...")
 
     attention = views.add_parser(
-        "attention", parents=[common], help="attention heatmaps per head, as .png or interactive .html"
+        "attention",
+        parents=[common],
+        help="attention heatmaps per head, as .png or interactive .html",
+        description="A heatmap per head of --prompt's attention (queries down, keys across, the tokens as labels), "
+        "every layer and head unless --layer / --head pick one: a static .png or one self-contained interactive "
+        ".html page.",
     )
     attention.add_argument("--layer", type=int, help="only this layer (default: all)")
     attention.add_argument("--head", type=int, help="only this head (default: all)")
     attention.add_argument("--out", required=True, help="FILE.png or FILE.html")
     attention.set_defaults(func=run_attention)
 
-    lens = views.add_parser("logit-lens", parents=[common], help="top next token per layer and position, as .png")
+    lens = views.add_parser(
+        "logit-lens",
+        parents=[common],
+        help="top next token per layer and position, as .png",
+        description="The logit lens of --prompt: the residual stream after the embeddings and after each block, "
+        "read through the final LayerNorm and the unembedding; a .png table of the top next token per layer and "
+        "position.",
+    )
     lens.add_argument("--out", required=True, help="FILE.png")
     lens.set_defaults(func=run_logit_lens)
 
-    patch = views.add_parser("patch", help="activation patching: which activations carry a prompt's answer")
+    patch = views.add_parser(
+        "patch",
+        help="activation patching: which activations carry a prompt's answer",
+        description="Activation patching: the logit of --answer minus that of --wrong in the run of --corrupt, with "
+        "one activation at a time (--site at one layer and position, or one head) taken from the run of --clean. "
+        "The two prompts have the same number of tokens; --answer and --wrong are one token each and differ.",
+    )
     add_model_arguments(patch)
     patch.add_argument("--device", default="auto", help="'auto' (cuda when available), 'cpu', 'cuda', ...")
     patch.add_argument("--clean", required=True, help="the prompt that gives the answer")
@@ -63,7 +82,14 @@ def register(subparsers: Any) -> None:
     patch.add_argument("--out", required=True, help="FILE.json, FILE.png or FILE.html")
     patch.set_defaults(func=run_patch)
 
-    sae = views.add_parser("sae", parents=[common], help="a sparse autoencoder's top features per token")
+    sae = views.add_parser(
+        "sae",
+        parents=[common],
+        help="a sparse autoencoder's top features per token",
+        description="A sparse autoencoder (SAELens' format: a folder, or owner/repo/path on the Hub) at its hook: the "
+        "top features per token of --prompt, the reconstruction MSE and the loss with the SAE spliced in. .json "
+        "(a value that is NaN or infinite, as from an SAE whose activations overflow, is written as null) or .html.",
+    )
     sae.add_argument(
         "--sae", required=True, help="SAELens folder (cfg.json, sae_weights.safetensors) or owner/repo/path"
     )
@@ -104,7 +130,7 @@ def run_sae(args: argparse.Namespace) -> int:
     from gpt2.inspect.sae import load_sae
 
     llm = _load(args)
-    sae = load_sae(args.sae).to(llm.device)
+    sae = load_sae(args.sae, llm.model.config).to(llm.device)
     path = sae_features_file(llm.model, llm.tokenizer, sae, args.prompt, args.out)
     print(f"wrote {path}")
     return 0

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt2.cli.common import (
-    adapter_spec,
+    add_adapter_argument,
     add_model_arguments,
     add_sampling_arguments,
     add_speculation_arguments,
@@ -49,12 +49,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--slide-by", type=int, help="window shift past the context (default block_size // 4)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the decode step (GPU)")
     add_speculation_arguments(parser)
-    parser.add_argument(
-        "--adapter",
-        metavar="NAME=DIR",
-        type=adapter_spec,
-        help="decode with this LoRA adapter (PEFT's format, or a `gpt2 finetune --lora` output folder) on the model",
-    )
+    add_adapter_argument(parser, "decode with this LoRA adapter on the model")
     parser.add_argument("--no-echo", action="store_true", help="print only the continuation, not the prompt")
     add_threads_argument(parser)
     parser.add_argument("--steer", metavar="FILE", help="JSON list of steering interventions (see above)")
@@ -76,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     if args.adapter is not None:
         adapter = args.adapter[0]
         llm.adapters.add(*args.adapter)
-    steering = read_steering(args.steer, args.sae, llm.device)
+    steering = read_steering(args.steer, args.sae, llm.model)
     engine = dict(truncate=args.truncate, slide_by=args.slide_by, compile=args.compile)
     if params.num_beams > 1:  # beams are whole sequences: printed once found, best first
         beams = llm.generate(prompt, params, adapter=adapter, steering=steering)
@@ -98,8 +93,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def read_steering(path: str | None, saes: list[str], device: Any) -> list[Any]:
-    """The interventions in `path` (a JSON list), SAE names replaced by the SAEs given as NAME=DIR."""
+def read_steering(path: str | None, saes: list[str], model: Any) -> list[Any]:
+    """The interventions in `path` (a JSON list), SAE names replaced by the SAEs given as NAME=DIR, each checked
+    to fit `model` and moved to its device."""
     import json
 
     if path is None:
@@ -110,11 +106,11 @@ def read_steering(path: str | None, saes: list[str], device: Any) -> list[Any]:
         items = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as err:
         raise FileNotFoundError(f"cannot read --steer {path!r}: {err.strerror}") from err
-    except json.JSONDecodeError as err:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         raise ValueError(f"--steer {path!r} is not JSON ({err})") from err
     if not isinstance(items, list):
         raise ValueError(f"--steer {path!r} must hold a JSON list of interventions")
-    loaded = load_saes(saes, device)
+    loaded = load_saes(saes, model)
     return [
         {**item, "sae": loaded[item["sae"]]}
         if isinstance(item, dict) and isinstance(item.get("sae"), str) and item["sae"] in loaded
@@ -123,15 +119,20 @@ def read_steering(path: str | None, saes: list[str], device: Any) -> list[Any]:
     ]
 
 
-def load_saes(entries: list[str], device: Any = None) -> dict[str, Any]:
-    """The SAEs of --sae NAME=DIR options, by name."""
+def load_saes(entries: list[str], model: Any = None) -> dict[str, Any]:
+    """The SAEs of --sae NAME=DIR options, by name; with `model` (a GPT), each checked to fit it (gpt2.inspect.sae
+    .load_sae) and moved to its device."""
     from gpt2.inspect.sae import load_sae
 
     loaded = {}
     for entry in entries:
         name, separator, directory = entry.partition("=")
-        if not separator or not name:
-            raise ValueError(f"--sae {entry!r} must be NAME=DIR")
-        sae = load_sae(directory)
-        loaded[name] = sae if device is None else sae.to(device)
+        if not separator or not name or not directory:
+            raise ValueError(f"--sae {entry!r} must be NAME=DIR (a name, '=', the SAE's folder)")
+        if name in loaded:
+            raise ValueError(f"--sae names two SAEs {name!r}; give each its own name")
+        if model is None:
+            loaded[name] = load_sae(directory)
+        else:
+            loaded[name] = load_sae(directory, model.config).to(model.transformer.wte.weight.device)
     return loaded

@@ -72,7 +72,12 @@ def register(subparsers: Any) -> None:
     ])  # fmt: skip
     add_speculation_arguments(parser)  # used for a request decoding alone (gpt2.serve.engine)
     parser.add_argument(
-        "--sae", action="append", default=[], metavar="NAME=DIR", help="an SAE requests' steering may name"
+        "--sae",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="an SAE requests' steering may name (SAELens' format; one that does not fit the model, or reads a hook "
+        "steering does not use, is refused at start)",
     )
     parser.add_argument(
         "--lora",
@@ -156,6 +161,20 @@ def run(args: argparse.Namespace) -> int:
         from gpt2.serve.server import serve
     except ModuleNotFoundError as err:
         raise ValueError(f"gpt2 serve needs the package {err.name!r}: pip install 'gpt2-faithful[serve]'") from err
-    saes = load_saes(args.sae)
-    serve(partial(load_speculative_llm, args), config, log_level=args.log_level, saes=saes)
+    saes = load_saes(args.sae)  # every SAE file read and checked before the model loads
+    serve(partial(load_fitting, args, saes), config, log_level=args.log_level, saes=saes)
     return 0
+
+
+def load_fitting(args: argparse.Namespace, saes: dict[str, Any]) -> Any:
+    """The model of the flags, every --sae checked to fit it: a misfit is one line naming the --sae, at start."""
+    from gpt2.inspect.sae import check_sae_config_fits
+
+    llm = load_speculative_llm(args)
+    for entry in args.sae:
+        name, _, directory = entry.partition("=")
+        try:
+            check_sae_config_fits(llm.model.config, saes[name].config)
+        except ValueError as err:
+            raise ValueError(f"--sae {name}={directory}: {err}") from err
+    return llm

@@ -15,6 +15,7 @@ EXIT_DIVERGED = 1
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from gpt2.cli.common import add_renamed_argument
     from gpt2.train.config import PRESETS
 
     parser = subparsers.add_parser(
@@ -35,7 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="override a config key (repeatable), e.g. --set schedule.max_steps=200 --set runtime.device=cpu",
     )  # fmt: skip
-    parser.add_argument("--out-dir", help="output directory (same as --set output.out_dir=DIR)")
+    add_renamed_argument(
+        parser, "--out", "--out-dir", metavar="DIR", help="output directory (same as --set output.out_dir=DIR)"
+    )
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the out dir")
     parser.add_argument(
         "--overwrite", action="store_true",
@@ -55,8 +58,8 @@ def run(args: argparse.Namespace) -> int:
 
     is_main = distributed_from_env().is_main
     overrides = list(args.overrides)
-    if args.out_dir:
-        overrides.append(f"output.out_dir={args.out_dir}")
+    if args.out:
+        overrides.append(f"output.out_dir={args.out}")
 
     def notice(line: str) -> None:
         if is_main:  # once per run, not once per torchrun process

@@ -46,6 +46,9 @@ class FeatureDictionary(Protocol):
     def hook_name(self) -> str: ...
 
     @property
+    def d_in(self) -> int: ...
+
+    @property
     def d_sae(self) -> int: ...
 
     def clamped(self, x: torch.Tensor, feature: int, value: float) -> torch.Tensor:
@@ -115,12 +118,25 @@ def _parse_one(
         sae = saes[sae]
     if not hasattr(sae, "clamped"):
         raise ValueError(f"{where}.sae must name a sparse autoencoder, got {type(sae).__name__}")
+    check_feature_dictionary(sae, model, f"{where}.sae")
     if sae.hook_name != hook:
         raise ValueError(f"{where}.hook: the SAE reads {sae.hook_name!r}, not {hook!r}")
     feature = item.get("feature")
     if isinstance(feature, bool) or not isinstance(feature, int) or not 0 <= feature < sae.d_sae:
         raise ValueError(f"{where}.feature must be an integer in [0, {sae.d_sae}), got {feature!r}")
     return ClampFeature(hook, sae, feature, _finite(item.get("value"), f"{where}.value"))
+
+
+def check_feature_dictionary(sae: FeatureDictionary, model: GPT, where: str) -> None:
+    """A ValueError (starting with `where`) unless steering can clamp `sae`'s features in `model`: its hook is one
+    steering uses and exists in the model, and it reads the residual stream's width. What a server checks of its
+    SAEs at start, and `parse_steering` of each SAE a request names."""
+    _hook(sae.hook_name, model, f"{where} hook")
+    if sae.d_in != model.config.n_embd:
+        raise ValueError(
+            f"{where} reads {sae.d_in} values at {sae.hook_name!r}; the model has {model.config.n_embd} there: use "
+            "an SAE made for this model"
+        )
 
 
 def _hook(name: object, model: GPT, where: str) -> str:

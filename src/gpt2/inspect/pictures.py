@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -100,13 +101,19 @@ def patching_picture(
     answers = (answer, wrong), each one token, written to `out`: `.json` (site, tokens, `logit_diff`
     [layer][position or head], the clean and corrupted runs' values), `.png` (a heatmap) or `.html` (a table)."""
     path = _output(out, PATCHING_FORMATS)
-    clean, corrupted = (_encode(model, tokenizer, prompt) for prompt in prompts)
+    clean = _encode(model, tokenizer, prompts[0], what="the clean prompt", option="--clean")
+    corrupted = _encode(model, tokenizer, prompts[1], what="the corrupted prompt", option="--corrupt")
     if clean.shape != corrupted.shape:
         raise ValueError(
             f"the clean prompt is {clean.shape[1]} tokens and the corrupted one {corrupted.shape[1]}; "
             "patching needs prompts of the same number of tokens"
         )
     answer, wrong = _one_token(tokenizer, answers[0], "--answer"), _one_token(tokenizer, answers[1], "--wrong")
+    if answer == wrong:  # the metric would be 0 at every site: a table of zeros that says nothing
+        raise ValueError(
+            f"--answer and --wrong are the same token ({answers[0]!r}, id {answer}); patching measures the logit of "
+            "one minus the other: pass two different tokens"
+        )
     with _eval_mode(model):
         result = activation_patching(model, clean, corrupted, logit_diff(answer, wrong), site)
     labels = token_labels(tokenizer, corrupted[0].tolist())
@@ -114,7 +121,7 @@ def patching_picture(
     title = f"patching {site}: {_short(prompts[1])} <- {_short(prompts[0])}"
     suffix = path.suffix.lower()
     if suffix == ".json":
-        atomic_write_text(path, json.dumps(result.to_dict(labels), indent=1) + "\n")
+        atomic_write_text(path, json_text(result.to_dict(labels)))
         return path
     if suffix == ".png":
         return save_patching_png(
@@ -133,7 +140,8 @@ def sae_features_file(
 ) -> Path:
     """The SAE's most active features at every token of `prompt`, with its reconstruction MSE and the model's
     loss on the prompt without and with the SAE spliced in, written to `out`: `.json` (hook, tokens, per token
-    a list of {"feature", "activation"}, mse, loss, spliced_loss) or `.html` (a table, a row per token)."""
+    a list of {"feature", "activation"}, mse, loss, spliced_loss; a value that is NaN or infinite, as an SAE whose
+    activations overflow gives, is null) or `.html` (a table, a row per token)."""
     path = _output(out, SAE_FORMATS)
     ids = _encode(model, tokenizer, prompt)
     with _eval_mode(model):
@@ -147,7 +155,7 @@ def sae_features_file(
     summary = {"mse": losses.mse, "loss": losses.loss, "spliced_loss": losses.spliced_loss} if losses else {}
     if path.suffix.lower() == ".json":
         data = {"hook": sae.hook_name, "tokens": labels, "features": per_token, **summary}
-        atomic_write_text(path, json.dumps(data, indent=1) + "\n")
+        atomic_write_text(path, json_text(data))
         return path
     scale = max(float(values.max()), 1e-6) if values.numel() else 1.0
     rows = [
@@ -157,6 +165,26 @@ def sae_features_file(
     note = ", ".join(f"{key} {value:.4f}" for key, value in summary.items())
     columns = ["token", *(f"top {i + 1}" for i in range(values.shape[1]))]
     return save_table_html(path, f"SAE features at {sae.hook_name}: {_short(prompt)}", columns, rows, note)
+
+
+def json_text(data: object) -> str:
+    """`data` as indented JSON text, every NaN or infinite float written as null: JSON has no NaN, and a bare
+    `NaN` in the file is refused by strict readers (JavaScript's JSON.parse, jq).
+
+    >>> json_text({"mse": float("nan"), "loss": [1.5, float("inf")]})
+    '{\\n "mse": null,\\n "loss": [\\n  1.5,\\n  null\\n ]\\n}\\n'
+    """
+    return json.dumps(_finite_or_null(data), indent=1, allow_nan=False) + "\n"
+
+
+def _finite_or_null(data: object) -> object:
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {key: _finite_or_null(value) for key, value in data.items()}
+    if isinstance(data, list | tuple):
+        return [_finite_or_null(value) for value in data]
+    return data
 
 
 def _one_token(tokenizer: TextTokenizer, text: str, option: str) -> int:
@@ -191,10 +219,12 @@ def _output(out: str | os.PathLike[str], formats: Sequence[str]) -> Path:
     return path
 
 
-def _encode(model: GPT, tokenizer: TextTokenizer, prompt: str) -> torch.Tensor:
+def _encode(
+    model: GPT, tokenizer: TextTokenizer, prompt: str, *, what: str = "the prompt", option: str = "--prompt"
+) -> torch.Tensor:
     ids = tokenizer.encode(prompt)
     if not ids:
-        raise ValueError("the prompt is empty; pass --prompt TEXT")
+        raise ValueError(f"{what} is empty; pass {option} TEXT")
     block_size = model.config.block_size
     if len(ids) > block_size:
         raise ValueError(f"the prompt is {len(ids)} tokens, more than the model's context ({block_size}); shorten it")

@@ -36,8 +36,10 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from gpt2.config import GPTConfig, is_integer, shown
 from gpt2.data.shards import load_split
 from gpt2.inspect.hooks import hook_names, run_with_cache, run_with_hooks
 from gpt2.model import GPT
@@ -69,26 +71,50 @@ class SAEConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.architecture not in ARCHITECTURES:
-            raise ValueError(f"SAE architecture {self.architecture!r} is not supported; one of {ARCHITECTURES}")
-        if self.normalize_activations not in NORMALIZATIONS:
-            raise ValueError(f"normalize_activations {self.normalize_activations!r} is not one of {NORMALIZATIONS}")
-        if self.d_in < 1 or self.d_sae < 1:
-            raise ValueError(f"d_in and d_sae must be positive, got {self.d_in} and {self.d_sae}")
-        if self.architecture == "topk" and not (isinstance(self.k, int) and 0 < self.k <= self.d_sae):
-            raise ValueError(f"a topk SAE needs k in [1, d_sae={self.d_sae}], got {self.k!r}")
+        # each field's type is checked, not assumed: cfg.json is untrusted (a JSON 1e999 arrives as inf, "false"
+        # is a true string, and Python's True is an int)
+        if not isinstance(self.architecture, str) or self.architecture not in ARCHITECTURES:
+            raise ValueError(f"architecture {shown(self.architecture)} is not supported; one of {ARCHITECTURES}")
+        if not isinstance(self.normalize_activations, str) or self.normalize_activations not in NORMALIZATIONS:
+            raise ValueError(
+                f"normalize_activations {shown(self.normalize_activations)} is not one of {NORMALIZATIONS}"
+            )
+        for name in ("d_in", "d_sae"):
+            value = getattr(self, name)
+            if not is_integer(value) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {shown(value)}")
+        if not isinstance(self.hook_name, str):
+            raise ValueError(f"the hook must be a name such as 'blocks.8.hook_resid_pre', got {shown(self.hook_name)}")
+        for name in ("apply_b_dec_to_input", "rescale_acts_by_decoder_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {shown(getattr(self, name))}")
+        if self.model_name is not None and not isinstance(self.model_name, str):
+            raise ValueError(f"model_name must be a string, got {shown(self.model_name)}")
+        if self.architecture == "topk" and not (is_integer(self.k) and 0 < self.k <= self.d_sae):
+            raise ValueError(f"a topk SAE needs k in [1, d_sae={self.d_sae}], got {shown(self.k)}")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> SAEConfig:
-        """Read a SAELens cfg.json dict (6.x layout, or the earlier one with hook_point / activation_fn)."""
+        """Read a SAELens cfg.json dict (6.x layout, or the earlier one with hook_point / activation_fn). A
+        ValueError names the field that is missing or of the wrong type or range."""
+        if not isinstance(values, dict):
+            raise ValueError(f"the config must be a JSON object, not a {type(values).__name__}")
         metadata = values.get("metadata") or {}
+        if not isinstance(metadata, dict):
+            raise ValueError(f"metadata must be an object, got {shown(metadata)}")
         hook = metadata.get("hook_name") or values.get("hook_name") or values.get("hook_point")
         if not isinstance(hook, str):
             raise ValueError("the SAE config names no hook (metadata.hook_name); it cannot be placed in the model")
+        missing = [name for name in ("d_in", "d_sae") if name not in values]
+        if missing:
+            raise ValueError(f"the field {missing[0]} is missing; an SAE config gives d_in and d_sae")
         architecture = values.get("architecture", "standard")
         k = values.get("k")
         if values.get("activation_fn") == "topk" or values.get("activation_fn_str") == "topk":
-            architecture, k = "topk", (values.get("activation_fn_kwargs") or {}).get("k", k)
+            options = values.get("activation_fn_kwargs") or {}
+            if not isinstance(options, dict):
+                raise ValueError(f"activation_fn_kwargs must be an object, got {shown(options)}")
+            architecture, k = "topk", options.get("k", k)
         normalize = values.get("normalize_activations", "none")
         if isinstance(normalize, bool) or normalize is None:  # earlier files: a flag for the April 2024 scheme
             normalize = "expected_average_only_in" if normalize else "none"
@@ -96,13 +122,13 @@ class SAEConfig:
         known |= {"rescale_acts_by_decoder_norm", "hook_name", "hook_point", "dtype", "device", "reshape_activations"}
         return cls(
             architecture=architecture,
-            d_in=int(values["d_in"]),
-            d_sae=int(values["d_sae"]),
+            d_in=values["d_in"],
+            d_sae=values["d_sae"],
             hook_name=hook,
-            apply_b_dec_to_input=bool(values.get("apply_b_dec_to_input", True)),
+            apply_b_dec_to_input=values.get("apply_b_dec_to_input", True),
             normalize_activations=normalize,
             k=k,
-            rescale_acts_by_decoder_norm=bool(values.get("rescale_acts_by_decoder_norm", False)),
+            rescale_acts_by_decoder_norm=values.get("rescale_acts_by_decoder_norm", False),
             model_name=metadata.get("model_name") or values.get("model_name"),
             extra={key: value for key, value in values.items() if key not in known},
         )
@@ -157,6 +183,10 @@ class SparseAutoencoder(nn.Module):
     @property
     def hook_name(self) -> str:
         return self.config.hook_name
+
+    @property
+    def d_in(self) -> int:
+        return self.config.d_in
 
     @property
     def d_sae(self) -> int:
@@ -226,9 +256,19 @@ class SparseAutoencoder(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------ files
-def load_sae(source: str | os.PathLike[str]) -> SparseAutoencoder:
+def load_sae(source: str | os.PathLike[str], model_config: GPTConfig | None = None) -> SparseAutoencoder:
     """An SAE from a folder holding SAELens' cfg.json and sae_weights.safetensors, or from the Hub
-    ("owner/repo/folder/in/repo", fetched by gpt2.weights.hub)."""
+    ("owner/repo/folder/in/repo", fetched by gpt2.weights.hub); with `model_config`, checked to fit that model
+    (its hook exists there, its width is the activation's). The one reader of SAEs from disk (the CLI, the
+    server at start, the Python API).
+
+    Errors (ValueError, FileNotFoundError) are one line naming the file and the first problem: a config that is
+    not JSON, a field missing or of the wrong type or range (`"d_in": 1e999`), an SAE for another model, a
+    weights file that is not safetensors (corrupt, truncated), tensors of the wrong shape, NaN or infinite
+    weights.
+
+    >>> load_sae("saes/blocks.8.hook_resid_pre", GPTConfig.from_name("gpt2"))  # doctest: +SKIP
+    """
     path = Path(source).expanduser()
     if not path.is_dir():
         from gpt2.weights.hub import resolve_subfolder
@@ -236,24 +276,59 @@ def load_sae(source: str | os.PathLike[str]) -> SparseAutoencoder:
         path = resolve_subfolder(str(source), (CONFIG_NAME, WEIGHTS_NAME))
     for name in (CONFIG_NAME, WEIGHTS_NAME):
         if not (path / name).is_file():
-            raise FileNotFoundError(
-                f"{str(path / name)!r} is missing; an SAE folder holds {CONFIG_NAME} and {WEIGHTS_NAME}"
-            )
+            raise FileNotFoundError(f"{path / name} is missing; an SAE folder holds {CONFIG_NAME} and {WEIGHTS_NAME}")
+    config = read_sae_config(path / CONFIG_NAME)
+    if model_config is not None:
+        try:
+            check_sae_config_fits(model_config, config)
+        except ValueError as err:
+            raise ValueError(f"{path / CONFIG_NAME}: {err}") from err
+    weights = path / WEIGHTS_NAME
     try:
-        config = SAEConfig.from_dict(json.loads((path / CONFIG_NAME).read_text(encoding="utf-8")))
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise ValueError(f"{str(path / CONFIG_NAME)!r} is not a SAELens SAE config ({err})") from err
-    tensors = load_file(path / WEIGHTS_NAME)
+        tensors = load_file(weights)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+        raise ValueError(f"{weights} is not a readable safetensors file ({err}); save the SAE again") from err
     scaling = tensors.pop("scaling_factor", None)
-    if scaling is not None and not torch.allclose(scaling, torch.ones_like(scaling)):
-        raise ValueError(f"{str(path)!r} has a finetuning scaling_factor, which is not supported")
-    sae = SparseAutoencoder(config)
-    expected = {name: tuple(parameter.shape) for name, parameter in sae.named_parameters()}
+    if scaling is not None and not (scaling.is_floating_point() and torch.allclose(scaling, torch.ones_like(scaling))):
+        raise ValueError(f"{weights} has a finetuning scaling_factor, which is not supported")
+    expected = parameter_shapes(config)
     got = {name: tuple(tensor.shape) for name, tensor in tensors.items()}
     if got != expected:
-        raise ValueError(f"{str(path / WEIGHTS_NAME)!r} holds {got}; a {config.architecture} SAE needs {expected}")
+        raise ValueError(f"{weights} holds {got}; this {config.architecture} SAE's config needs {expected}")
+    for name, tensor in tensors.items():
+        if not tensor.is_floating_point():
+            raise ValueError(f"{weights}: {name} holds {tensor.dtype}, not floats; save the SAE again")
+        # one NaN or infinity makes every activation the SAE touches NaN, and every logit after it
+        if not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"{weights}: {name} holds NaN or infinite values; save the SAE again")
+    sae = SparseAutoencoder(config)
     sae.load_state_dict({name: tensor.float() for name, tensor in tensors.items()})
     return sae.eval()
+
+
+def read_sae_config(path: Path) -> SAEConfig:
+    """The SAEConfig in a cfg.json, every field checked: a ValueError names the file and the field."""
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); save the SAE again") from err
+    except OSError as err:
+        raise ValueError(f"{path} cannot be read ({err.strerror}); check its permissions") from err
+    try:
+        return SAEConfig.from_dict(values)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from err
+
+
+def parameter_shapes(config: SAEConfig) -> dict[str, tuple[int, ...]]:
+    """The shape of each of an SAE's parameters, by SAELens' name, from its config alone (nothing allocated)."""
+    shapes = {
+        "W_enc": (config.d_in, config.d_sae),
+        "b_enc": (config.d_sae,),
+        "W_dec": (config.d_sae, config.d_in),
+        "b_dec": (config.d_in,),
+    }
+    return shapes | ({"threshold": (config.d_sae,)} if config.architecture == "jumprelu" else {})
 
 
 def save_sae(sae: SparseAutoencoder, directory: str | os.PathLike[str]) -> Path:
@@ -272,11 +347,23 @@ def save_sae(sae: SparseAutoencoder, directory: str | os.PathLike[str]) -> Path:
 
 def check_sae_fits(model: GPT, sae: SparseAutoencoder) -> None:
     """Refuse an SAE whose hook the model does not have or whose width does not match it there."""
-    if sae.hook_name not in hook_names(model.config.n_layer):
-        raise ValueError(f"the SAE reads {sae.hook_name!r}, which this model ({model.config.n_layer} blocks) has not")
-    width = 4 * model.config.n_embd if ".mlp.hook_" in sae.hook_name else model.config.n_embd
-    if sae.config.d_in != width:
-        raise ValueError(f"the SAE reads {sae.config.d_in} values at {sae.hook_name!r}; this model has {width} there")
+    check_sae_config_fits(model.config, sae.config)
+
+
+def check_sae_config_fits(model_config: GPTConfig, config: SAEConfig) -> None:
+    """A ValueError when a model of `model_config` has no `config.hook_name` or another width there than d_in."""
+    n_layer = model_config.n_layer
+    if config.hook_name not in hook_names(n_layer):
+        raise ValueError(
+            f"the SAE reads {config.hook_name!r}, which this model ({n_layer} blocks, numbered 0 to {n_layer - 1}) "
+            "has not; use an SAE made for this model"
+        )
+    width = 4 * model_config.n_embd if ".mlp.hook_" in config.hook_name else model_config.n_embd
+    if config.d_in != width:
+        raise ValueError(
+            f"the SAE reads {config.d_in} values at {config.hook_name!r}; this model has {width} there; use an SAE "
+            "made for this model"
+        )
 
 
 # ------------------------------------------------------------------------------------------ in the forward

@@ -37,7 +37,7 @@ from starlette.requests import ClientDisconnect
 
 from gpt2.api import LLM
 from gpt2.inference.embedding import embed
-from gpt2.inference.steering import FeatureDictionary, parse_steering
+from gpt2.inference.steering import FeatureDictionary, check_feature_dictionary, parse_steering
 from gpt2.serve import Engine, EngineError, EngineFailed, EngineStopped, QueueFull, SequenceOutput, SequenceRequest
 from gpt2.serve.adapters import ServedModels
 from gpt2.serve.chat import ChatMessage
@@ -52,6 +52,7 @@ from gpt2.serve.protocol import (
     CompletionRequest,
     GenerationRequest,
     LogprobFormatter,
+    ModelLimits,
     bad_request,
     field_named,
     new_id,
@@ -74,7 +75,10 @@ DONE = "data: [DONE]\n\n"
 def create_app(llm: LLM, config: ServerConfig, *, saes: Mapping[str, FeatureDictionary] | None = None) -> FastAPI:
     """The server for `llm` with `config`'s limits; `saes` by name, for requests' steering to clamp features of. The
     engine thread starts with the app (or at the first request) and stops when the app shuts down: in-flight
-    work is cancelled then (the HTTP server drains first, see gpt2.serve.server)."""
+    work is cancelled then (the HTTP server drains first, see gpt2.serve.server). An SAE steering cannot use on
+    this model (another width, a hook it lacks) is a ValueError here, at start, not a 400 on every request."""
+    for name, sae in (saes or {}).items():
+        check_feature_dictionary(sae, llm.model, f"the SAE {name!r}")
     prefix_cache = PrefixCache(config.prefix_cache_mb * MEGABYTE) if config.prefix_cache else None
     engine = Engine(
         llm.model,
@@ -298,9 +302,10 @@ class _Service:
         self.engine = engine
         self.config = config
         self.logprobs = LogprobFormatter(llm.tokenizer)
-        self.metrics = ServerMetrics(engine)
+        self.metrics = ServerMetrics(engine, llm.adapters)
         self.grammars = GrammarCompilations(engine.grammar_compiler, config.grammar_timeout)
         self.models = ServedModels(llm.adapters, config, max_model_len=engine.block_size)
+        self.limits = ModelLimits(context=engine.block_size, vocab_size=engine.vocab_size)
 
     async def submit(self, requests: Sequence[SequenceRequest], grammar_field: str | None = None) -> _Submission:
         """Hand sequences to the engine (an APIError when it refuses them), counted in the metrics. Their grammar,
@@ -435,7 +440,9 @@ class _Service:
 
     # ------------------------------------------------------------------------------------ completions
     async def completions(self, request: Request) -> Response:
-        parsed = parse_completion_request(await self.read_json(request), max_prompts=self.config.max_prompts)
+        parsed = parse_completion_request(
+            await self.read_json(request), max_prompts=self.config.max_prompts, limits=self.limits
+        )
         adapter = self.models.resolve(parsed.model)  # an unknown model is a 404 before anything else
         self.check_choices(len(parsed.prompts) * parsed.params.n)
         prompts = await run_in_threadpool(lambda: [self.encode(prompt, "prompt") for prompt in parsed.prompts])
@@ -525,7 +532,7 @@ class _Service:
 
     # ------------------------------------------------------------------------------------ chat
     async def chat(self, request: Request) -> Response:
-        parsed = parse_chat_request(await self.read_json(request))
+        parsed = parse_chat_request(await self.read_json(request), limits=self.limits)
         adapter = self.models.resolve(parsed.model)
         self.check_choices(parsed.params.n)
         prompt = await run_in_threadpool(self.encode_chat, parsed.messages)

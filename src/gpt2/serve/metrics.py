@@ -11,6 +11,8 @@ One registry per app (never the process-wide default one): two servers in one pr
 - speculative decoding's counters, read when scraped, with vLLM's spec-decode names: verifications
   (`gpt2_spec_decode_num_drafts_total`), drafted tokens (`..._num_draft_tokens_total`) and of those accepted
   (`..._num_accepted_tokens_total`; their ratio is the acceptance rate), all zero without a drafter;
+- the memory each loaded LoRA adapter's tensors hold (`gpt2_lora_adapter_bytes{adapter="NAME"}`, a gauge read
+  when scraped; adapters loaded or unloaded at run time appear and go);
 - time to the first token, time per output token after it, and end-to-end latency (histograms), measured where
   the server hands outputs to the client, so they include queueing and the engine's turns.
 """
@@ -23,6 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpt2.inference.lora_batch import AdapterSet, UnknownAdapterError
 from gpt2.serve.engine import Engine
 from gpt2.serve.sequence import SequenceOutput
 
@@ -35,7 +38,7 @@ REQUEST_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 class ServerMetrics:
     """The metrics of one app; `observe` is called for every output the server receives from the engine."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, adapters: AdapterSet) -> None:
         self.registry = CollectorRegistry()
         registry = self.registry
         self.requests = Counter("gpt2_requests", "Requests accepted by the engine", registry=registry)
@@ -50,6 +53,7 @@ class ServerMetrics:
         waiting.set_function(lambda: engine.waiting)
         registry.register(PrefixCacheCollector(engine))
         registry.register(SpeculationCollector(engine))
+        registry.register(AdapterMemoryCollector(adapters))
         self.first_token = Histogram(
             "gpt2_time_to_first_token_seconds", "From submission to a sequence's first token",
             buckets=FIRST_TOKEN_BUCKETS, registry=registry,
@@ -119,3 +123,21 @@ class SpeculationCollector(Collector):
         yield CounterMetricFamily(
             "gpt2_spec_decode_num_accepted_tokens", "Drafted tokens the model accepted", value=stats.accepted
         )
+
+
+class AdapterMemoryCollector(Collector):
+    """The bytes of each loaded LoRA adapter's A and B tensors, labelled with its name, read at each scrape."""
+
+    def __init__(self, adapters: AdapterSet) -> None:
+        self._adapters = adapters
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "gpt2_lora_adapter_bytes", "Bytes a loaded LoRA adapter's tensors hold", labels=["adapter"]
+        )
+        for name in self._adapters.names:
+            try:
+                family.add_metric([name], self._adapters.get(name).nbytes)
+            except UnknownAdapterError:  # unloaded between the two reads
+                continue
+        yield family

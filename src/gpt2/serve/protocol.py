@@ -14,7 +14,9 @@ temperature, top_p, top_k (an extension, as in vLLM), n, stop, seed, presence_pe
 logit_bias, stream, stream_options.include_usage; and, as extra body fields with transformers' names (as vLLM
 accepts them): repetition_penalty, no_repeat_ngram_size, min_tokens, bad_words (texts or lists of token ids);
 min_p as vLLM and llama-server take it.
-All of them are SamplingParams fields, applied by the same logits processors as `LLM.generate`. `steering` (a
+All of them are SamplingParams fields, applied by the same logits processors as `LLM.generate`. Counts are bounded
+by the model (`ModelLimits`): max_tokens (max_completion_tokens) and no_repeat_ngram_size by its context, top_k by
+its vocabulary; an error message quotes at most ECHOED_DIGITS digits of a number the client sent. `steering` (a
 list of interventions, gpt2.inference.steering) is read here as a list and checked against the model by the app.
 """
 
@@ -28,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpt2.config import is_integer
+from gpt2.config import is_integer, shown
 from gpt2.inference.sampling import SamplingParams
 from gpt2.inference.structured import JSON_OBJECT
 from gpt2.serve.chat import ChatMessage, parse_messages
@@ -166,10 +168,26 @@ class APIError(Exception):
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
-    return APIError(400, message, param=param, code=code)
+    """A 400 with `message`, every run of digits past ECHOED_DIGITS in it cut (a client's 400-digit number is not
+    echoed back whole, whichever check quoted it)."""
+    return APIError(400, _LONG_NUMBER.sub(lambda match: match[0][:ECHOED_DIGITS] + "...", message), param=param,
+                    code=code)  # fmt: skip
+
+
+ECHOED_DIGITS = 20  # a 64-bit integer's 19 digits and a sign fit
+_LONG_NUMBER = re.compile(rf"\d{{{ECHOED_DIGITS + 1},}}")
 
 
 # ------------------------------------------------------------------------------------------ requests
+@dataclass(frozen=True)
+class ModelLimits:
+    """What bounds a request's counts: no completion is longer than the context, no top-k wider than the vocabulary,
+    no n-gram rule longer than the context."""
+
+    context: int
+    vocab_size: int
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     """What both endpoints ask for, checked."""
@@ -199,7 +217,7 @@ class ChatRequest(GenerationRequest):
     messages: tuple[ChatMessage, ...] = ()
 
 
-def parse_completion_request(body: Any, *, max_prompts: int) -> CompletionRequest:
+def parse_completion_request(body: Any, *, max_prompts: int, limits: ModelLimits) -> CompletionRequest:
     """A /v1/completions body -> CompletionRequest; APIError (400) naming the field otherwise."""
     body = _object(body)
     check_fields(body, COMPLETION_FIELDS)
@@ -210,7 +228,7 @@ def parse_completion_request(body: Any, *, max_prompts: int) -> CompletionReques
         raise bad_request(
             f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}] or null, got {logprobs!r}", "logprobs"
         )
-    common = _generation_fields(body, default_max_tokens=SamplingParams().max_tokens)
+    common = _generation_fields(body, limits, default_max_tokens=SamplingParams().max_tokens)
     return CompletionRequest(
         **common,
         logprobs=logprobs,
@@ -219,7 +237,7 @@ def parse_completion_request(body: Any, *, max_prompts: int) -> CompletionReques
     )
 
 
-def parse_chat_request(body: Any) -> ChatRequest:
+def parse_chat_request(body: Any, *, limits: ModelLimits) -> ChatRequest:
     """A /v1/chat/completions body -> ChatRequest; APIError (400) naming the field otherwise.
 
     max_tokens (or max_completion_tokens) defaults to the rest of the context. logprobs is a boolean here,
@@ -236,8 +254,9 @@ def parse_chat_request(body: Any) -> ChatRequest:
     if top is not None and not logprobs:
         raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
     if _get(body, "max_tokens") is None and _get(body, "max_completion_tokens") is not None:
+        _check_count(body, "max_completion_tokens", limits.context, "the model's context")
         body = {**body, "max_tokens": body["max_completion_tokens"]}
-    common = _generation_fields(body, default_max_tokens=None)
+    common = _generation_fields(body, limits, default_max_tokens=None)
     try:
         messages = parse_messages(_get(body, "messages"))
     except ValueError as err:
@@ -245,10 +264,13 @@ def parse_chat_request(body: Any) -> ChatRequest:
     return ChatRequest(**common, logprobs=(top or 0) if logprobs else None, messages=messages)
 
 
-def _generation_fields(body: dict[str, Any], *, default_max_tokens: int | None) -> dict[str, Any]:
+def _generation_fields(body: dict[str, Any], limits: ModelLimits, *, default_max_tokens: int | None) -> dict[str, Any]:
     model = _get(body, "model")
     if not isinstance(model, str) or not model:
         raise bad_request("model is required: the name /v1/models lists", "model")
+    _check_count(body, "max_tokens", limits.context, "the model's context")
+    _check_count(body, "top_k", limits.vocab_size, "the vocabulary")
+    _check_count(body, "no_repeat_ngram_size", limits.context, "the model's context")
     max_tokens = _get(body, "max_tokens")
     if max_tokens is None:
         # None: as many as fit (the engine caps every completion at the context anyway)
@@ -390,6 +412,13 @@ def _prompts(prompt: Any, max_prompts: int) -> tuple[str | tuple[int, ...], ...]
 
 
 # ------------------------------------------------------------------------------------------ field readers
+def _check_count(body: dict[str, Any], name: str, bound: int, what: str) -> None:
+    """A 400 naming `name` when it is an integer above `bound` (its type and lower bound are SamplingParams')."""
+    value = body.get(name)
+    if is_integer(value) and value > bound:
+        raise bad_request(f"{name} must be at most {bound} ({what}), got {shown(value)}", name)
+
+
 def _object(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise bad_request(f"the request body must be a JSON object, got {_describe(body)}")
