@@ -102,8 +102,9 @@ def free_port() -> int:
 
 
 @contextmanager
-def running(llm: LLM, **settings: Any) -> Iterator[str]:
-    """A server for `llm` on a free loopback port in a background thread; yields its base URL."""
+def running(llm: LLM, saes: dict[str, Any] | None = None, **settings: Any) -> Iterator[str]:
+    """A server for `llm` (with `saes` by name, for steering) on a free loopback port in a background thread;
+    yields its base URL."""
     from gpt2.serve import uvicorn_server
 
     # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets that say they are TCP (else each small write
@@ -111,7 +112,8 @@ def running(llm: LLM, **settings: Any) -> Iterator[str]:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn_server(llm, ServerConfig(model_name=MODEL, port=port, **settings), log_level="warning")
+    config = ServerConfig(model_name=MODEL, port=port, **settings)
+    server = uvicorn_server(llm, config, log_level="warning", saes=saes)
     thread = threading.Thread(target=server.run, kwargs=dict(sockets=[sock]), daemon=True)
     thread.start()
     deadline = time.monotonic() + WAIT_SECONDS
@@ -959,8 +961,11 @@ def test_a_queued_stream_whose_client_leaves_is_dropped_before_it_takes_a_row(ll
     with running(llm, max_batch=1) as url, ThreadPoolExecutor(1) as pool:
         holder = pool.submit(post, url, {"model": MODEL, "prompt": "first", "max_tokens": 3})
         wait_until(lambda: health(url)["active"] == 1, "the first request to take the only row")
-        body = {"model": MODEL, "prompt": "second", "max_tokens": 100, "stream": True}
-        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=WAIT_SECONDS):
+        body = json.dumps({"model": MODEL, "prompt": "second", "max_tokens": 100, "stream": True}).encode()
+        head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        # a raw socket: a stream answers nothing before its first output, which a queued one has not drawn
+        with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1]))) as sock:
+            sock.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
             wait_until(lambda: health(url)["waiting"] == 1, "the stream to queue")
         wait_until(lambda: health(url)["waiting"] == 0, "the queued stream to be dropped")
         assert gate.sizes == []  # no step ran meanwhile: it left the queue because its client went away

@@ -62,10 +62,10 @@ def test_requests_for_every_adapter_and_the_base_decode_in_one_batch_as_merged_f
     mixed: list[int] = []  # distinct adapters (the base counted as one) of every forward that ran the mixed view
     real_rows = RoutedView.rows
 
-    def recorded(view: RoutedView, rows: Any) -> Any:
+    def recorded(view: RoutedView, rows: Any, *rest: Any) -> Any:
         if any(adapter is not None for adapter in rows):
             mixed.append(len({id(adapter) for adapter in rows}))
-        return real_rows(view, rows)
+        return real_rows(view, rows, *rest)
 
     monkeypatch.setattr(RoutedView, "rows", recorded)
     jobs = [(prompt, model) for prompt in PROMPTS for model in (BASE, *adapters)]

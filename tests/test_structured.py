@@ -10,6 +10,7 @@ import os
 import re
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -220,6 +221,42 @@ def test_the_server_compiles_grammars_at_the_lowest_priority(llm: LLM) -> None:
     compilations = GrammarCompilations(lambda: Recording(), timeout=60)  # type: ignore[arg-type,return-value]
     assert asyncio.run(compilations.compile(SamplingParams(json_schema=SCHEMA))) is not None
     assert niceness == [GRAMMAR_NICENESS] and GRAMMAR_NICENESS > os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def test_a_schema_compiles_once_and_comes_from_the_cache_after(llm: LLM) -> None:
+    compiler = GrammarCompiler(llm.tokenizer, llm.model.config.vocab_size)
+    first = compiler.compile(json_schema=SCHEMA)
+    as_text = compiler.compile(json_schema=json.dumps(SCHEMA, indent=2))  # the same schema, written otherwise
+    assert as_text is first and compiler.compiled == 1
+    assert compiler.compile(regex="[a-z]+") is compiler.compile(regex="[a-z]+") and compiler.compiled == 2
+    reordered = {**SCHEMA, "properties": dict(reversed(SCHEMA["properties"].items()))}
+    assert compiler.compile(json_schema=reordered) is not first  # another order of properties: another grammar
+
+
+class Stalled:
+    """A compiler whose thread spends `waiting` seconds without a core (asleep), then `working` CPU seconds."""
+
+    def __init__(self, waiting: float, working: float) -> None:
+        self.waiting, self.working = waiting, working
+
+    def compile(self, **grammar: object) -> str:
+        time.sleep(self.waiting)
+        start = time.thread_time()
+        while time.thread_time() - start < self.working:
+            pass
+        return "compiled"
+
+
+@pytest.mark.skipif(not hasattr(time, "pthread_getcpuclockid"), reason="no per-thread CPU clock here")
+def test_the_compile_limit_counts_the_compiling_threads_cpu_time_not_its_wait_for_a_core() -> None:
+    from gpt2.serve.grammar import GrammarCompilations, GrammarTooComplex
+
+    params = SamplingParams(json_schema=SCHEMA)
+    waits = GrammarCompilations(lambda: Stalled(waiting=0.5, working=0.01), timeout=0.1)  # type: ignore[arg-type,return-value]
+    assert asyncio.run(waits.compile(params)) == "compiled"  # 0.5 s late, a hundredth of a second of work
+    works = GrammarCompilations(lambda: Stalled(waiting=0.0, working=0.5), timeout=0.1)  # type: ignore[arg-type,return-value]
+    with pytest.raises(GrammarTooComplex, match="within 0.1 s of CPU time"):
+        asyncio.run(works.compile(params))
 
 
 def test_a_schema_nested_300_deep_is_read_without_recursion() -> None:

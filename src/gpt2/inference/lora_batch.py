@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, TypeVar, cast
 import torch
 import torch.nn as nn
 
+from gpt2.inference.faults import RowFaults
 from gpt2.weights.adapters import TARGETABLE, LoRAAdapter, read_lora_adapter
 
 if TYPE_CHECKING:
@@ -62,6 +63,7 @@ class AdapterRouting:
 
     def __init__(self, groups: Groups | None = None) -> None:
         self.groups: Groups = groups or []
+        self.faults: RowFaults | None = None  # where an update that raises is recorded (None: it propagates)
 
     @classmethod
     def for_rows(cls, rows: Sequence[LoRAAdapter | None], device: torch.device) -> AdapterRouting:
@@ -91,19 +93,32 @@ class AdaptedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)  # (B, T, out) or (B, out)
+        faults = self.routing.faults
         for adapter, rows in self.routing.groups:
             weights = adapter.layers.get(self.name)
             if weights is None:
                 continue  # this adapter leaves this layer alone
             a, b = weights  # (r, in), (out, r)
-            if rows is None:
-                y = y + ((x.float() @ a.T) @ b.T * adapter.scaling).to(y.dtype)
-            else:
-                y = y.index_add(0, rows, ((x[rows].float() @ a.T) @ b.T * adapter.scaling).to(y.dtype))
+            if faults and any(row in faults for row in _members(rows, x)):
+                continue  # its rows failed in an earlier layer: they end after this forward
+            try:
+                if rows is None:
+                    y = y + ((x.float() @ a.T) @ b.T * adapter.scaling).to(y.dtype)
+                else:
+                    y = y.index_add(0, rows, ((x[rows].float() @ a.T) @ b.T * adapter.scaling).to(y.dtype))
+            except Exception as error:
+                if faults is None:
+                    raise
+                faults.record(_members(rows, x), f"its adapter {adapter.name!r} in {self.name}", error)
         return y
 
     def extra_repr(self) -> str:
         return f"name={self.name}"
+
+
+def _members(rows: torch.Tensor | None, x: torch.Tensor) -> Sequence[int]:
+    """A group's rows of the batch x (B, ...) as indices (None: every row)."""
+    return range(x.shape[0]) if rows is None else rows.tolist()
 
 
 def adapted_view(model: GPT, routing: AdapterRouting) -> GPT:
@@ -152,8 +167,9 @@ class RoutedView:
         self._lock = threading.Lock()
 
     @contextmanager
-    def rows(self, rows: Sequence[LoRAAdapter | None]) -> Iterator[GPT]:
-        """The model for a batch whose row i takes rows[i] (None: the base model alone), until the block ends."""
+    def rows(self, rows: Sequence[LoRAAdapter | None], faults: RowFaults | None = None) -> Iterator[GPT]:
+        """The model for a batch whose row i takes rows[i] (None: the base model alone), until the block ends.
+        `faults`: an update that raises is recorded there against its rows (gpt2.inference.faults)."""
         if all(adapter is None for adapter in rows):
             yield self.model
             return
@@ -162,10 +178,12 @@ class RoutedView:
             if self._view is None:
                 self._view = adapted_view(self.model, self._routing)
             self._routing.groups = AdapterRouting.for_rows(rows, device).groups
+            self._routing.faults = faults
             try:
                 yield self._view
             finally:
                 self._routing.groups = []
+                self._routing.faults = None
 
 
 class AdapterSet:

@@ -330,15 +330,23 @@ def _draw_among_top_k(
 
 def _special_values_resolved(logits: torch.Tensor) -> torch.Tensor:
     """Logits (B, V) holding NaN, +-inf or huge values -> what sampling draws from: NaN counts as -inf; a row
-    holding +inf keeps only its +inf tokens, sharing the draw (score 0); a row with nothing left is an error."""
+    holding +inf keeps only its +inf tokens, sharing the draw (score 0); a row with nothing left is an error, which
+    names NaN as its cause when the row holds one (the model's activations overflowed, not the rules)."""
+    not_a_number = logits.isnan().any(dim=-1)  # (B,)
     logits = logits.nan_to_num(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
     infinite = torch.isposinf(logits)  # (B, V)
     logits = torch.where(infinite.any(dim=-1, keepdim=True), torch.where(infinite, 0.0, -math.inf), logits)
     banned = torch.isneginf(logits.amax(dim=-1))  # (B,)
     if bool(banned.any()):
+        row = int(banned.nonzero()[0, 0])
+        if bool(not_a_number[row]):
+            raise ValueError(
+                f"row {row}: the logits are not finite (NaN), nothing can be drawn; the model's activations "
+                "overflowed: lower the steering vector or scale, or check the adapter's or the model's weights"
+            )
         raise ValueError(
-            f"row {int(banned.nonzero()[0, 0])}: every token has logit -inf, nothing is left to draw; the bans, "
-            "biases or limits exclude the whole vocabulary"
+            f"row {row}: every token has logit -inf, nothing is left to draw; the bans, biases or limits exclude "
+            "the whole vocabulary"
         )
     return logits
 

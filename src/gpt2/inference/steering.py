@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 import torch
 
 from gpt2.config import is_finite_number
+from gpt2.inference.faults import RowFaults
 
 if TYPE_CHECKING:
     from gpt2.model import GPT, Block
@@ -175,9 +176,11 @@ def _finite(value: object, where: str) -> float:
 
 # ------------------------------------------------------------------------------------------ in the forward
 @contextlib.contextmanager
-def steer(model: GPT, plan: Sequence[Sequence[Intervention]]) -> Iterator[None]:
+def steer(model: GPT, plan: Sequence[Sequence[Intervention]], faults: RowFaults | None = None) -> Iterator[None]:
     """While open, every forward of `model` applies plan[b] to row b (B == len(plan)), or plan[0] to every
-    row when the plan has one list. The hooks are removed on leaving, whatever happens."""
+    row when the plan has one list. `faults`: an intervention that raises is recorded there against its rows,
+    which keep their activations (gpt2.inference.faults); without it, the exception ends the forward. The hooks are
+    removed on leaving, whatever happens."""
     by_hook: dict[str, list[tuple[int | None, Intervention]]] = {}
     for row, interventions in enumerate(plan):
         for intervention in interventions:
@@ -188,11 +191,11 @@ def steer(model: GPT, plan: Sequence[Sequence[Intervention]]) -> Iterator[None]:
             block = cast("Block", model.transformer.h[int(hook.split(".")[1])])
             suffix = hook.split(".", 2)[2]
             if suffix == "hook_resid_pre":
-                handles.append(block.register_forward_pre_hook(_pre_hook(entries, len(plan))))
+                handles.append(block.register_forward_pre_hook(_pre_hook(entries, len(plan), faults)))
             else:
                 modules: dict[str, torch.nn.Module] = {"hook_attn_out": block.attn, "hook_mlp_out": block.mlp}
                 module = modules.get(suffix, block)
-                handles.append(module.register_forward_hook(_post_hook(entries, len(plan))))
+                handles.append(module.register_forward_hook(_post_hook(entries, len(plan), faults)))
         yield
     finally:
         for handle in handles:
@@ -205,16 +208,33 @@ def steered_stream(model: GPT, plan: Sequence[Sequence[Intervention]], pieces: I
         yield from pieces
 
 
-def apply_interventions(x: torch.Tensor, entries: Sequence[tuple[int | None, Intervention]], rows: int) -> torch.Tensor:
-    """x (B, T, C) with each (row, intervention) applied to that row (row None: every row)."""
+def apply_interventions(
+    x: torch.Tensor,
+    entries: Sequence[tuple[int | None, Intervention]],
+    rows: int,
+    faults: RowFaults | None = None,
+) -> torch.Tensor:
+    """x (B, T, C) with each (row, intervention) applied to that row (row None: every row). With `faults`, an
+    intervention that raises is recorded against its rows, which are left as they are from then on."""
     if rows != 1 and x.shape[0] != rows:
         raise ValueError(f"the steering plan has {rows} rows but the forward has {x.shape[0]}")
     for row, intervention in entries:
+        affected = range(x.shape[0]) if row is None else (row,)
+        if faults is not None and any(each in faults for each in affected):
+            continue
         target = x if row is None else x[row : row + 1]  # (B or 1, T, C)
-        if isinstance(intervention, AddVector):
-            changed = target + intervention.scale * intervention.vector.to(x.device, x.dtype)
-        else:
-            changed = intervention.sae.clamped(target, intervention.feature, intervention.value).to(x.dtype)
+        try:
+            if isinstance(intervention, AddVector):
+                changed = target + intervention.scale * intervention.vector.to(x.device, x.dtype)
+            else:
+                changed = intervention.sae.clamped(target, intervention.feature, intervention.value).to(x.dtype)
+            if changed.shape != target.shape:
+                raise ValueError(f"it gives shape {tuple(changed.shape)} for activations of {tuple(target.shape)}")
+        except Exception as error:
+            if faults is None:
+                raise
+            faults.record(affected, f"its steering at {intervention.hook}", error)
+            continue
         if row is None:
             x = changed
         else:
@@ -222,15 +242,15 @@ def apply_interventions(x: torch.Tensor, entries: Sequence[tuple[int | None, Int
     return x
 
 
-def _pre_hook(entries: list[tuple[int | None, Intervention]], rows: int) -> Any:
+def _pre_hook(entries: list[tuple[int | None, Intervention]], rows: int, faults: RowFaults | None) -> Any:
     def hook(module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        return (apply_interventions(args[0], entries, rows), *args[1:])
+        return (apply_interventions(args[0], entries, rows, faults), *args[1:])
 
     return hook
 
 
-def _post_hook(entries: list[tuple[int | None, Intervention]], rows: int) -> Any:
+def _post_hook(entries: list[tuple[int | None, Intervention]], rows: int, faults: RowFaults | None) -> Any:
     def hook(module: torch.nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
-        return apply_interventions(output, entries, rows)
+        return apply_interventions(output, entries, rows, faults)
 
     return hook

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -50,6 +52,7 @@ def _reason(err: Exception) -> str:
     return re.sub(r"^\[[^\]]*\]\s*\S+:\d+:\s*", "", text)
 
 
+GRAMMAR_CACHE = 256  # compiled grammars a GrammarCompiler keeps (a deep schema's is a few MB at most)
 NUMBER_DIGITS = 16  # llama.cpp's integral-part [0] | [1-9] [0-9]{0,15} and decimal-part [0-9]{1,16}
 LARGEST_BOUNDED = 10**NUMBER_DIGITS - 1
 # xgrammar's rules for a number with no bounds (and any JSON value's numbers): (rule, unbounded, bounded)
@@ -130,9 +133,13 @@ class GrammarCompiler:
     """A tokenizer's vocabulary in xgrammar's form and a cache of the grammars compiled for it.
 
     vocab_size: the model's (its logits' width), which may exceed the tokenizer's (a padded vocabulary: the
-    padding ids are never allowed)."""
+    padding ids are never allowed). cache_size: compiled grammars kept, by regex or by schema (its JSON text), the
+    least recently used dropped first. A grammar compiles on its caller's thread alone (xgrammar with one thread),
+    so its compile work is that thread's CPU time, which the server limits (gpt2.serve.grammar)."""
 
-    def __init__(self, tokenizer: TextTokenizer, vocab_size: int | None = None) -> None:
+    def __init__(
+        self, tokenizer: TextTokenizer, vocab_size: int | None = None, cache_size: int = GRAMMAR_CACHE
+    ) -> None:
         xgr = _xgrammar()
         self.tokenizer = tokenizer
         self.vocab_size = len(tokenizer) if vocab_size is None else vocab_size
@@ -141,18 +148,36 @@ class GrammarCompiler:
         vocab = [b"" if token == eot else tokenizer.decode_bytes([token]) for token in range(len(tokenizer))]
         info = xgr.TokenizerInfo(vocab, xgr.VocabType.RAW, vocab_size=self.vocab_size, stop_token_ids=[eot])
         self._xgr = xgr
-        self._compiler = xgr.GrammarCompiler(info)
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)  # our cache, below
+        self.cache_size = cache_size
+        self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self.compiled = 0  # grammars compiled (not taken from the cache)
 
     def compile(self, *, regex: str | None = None, json_schema: Mapping[str, Any] | str | None = None) -> Any:
-        """The compiled grammar of a regex or a JSON schema (cached by xgrammar's compiler); a one-line ValueError
+        """The compiled grammar of a regex or a JSON schema, from the cache when it holds it; a one-line ValueError
         with the library's reason when the grammar is invalid. Thread-safe; xgrammar releases the GIL while it
         compiles, so a compile on a worker thread leaves the others running."""
         check_structured(regex, json_schema)
+        key = ("regex", regex) if regex is not None else ("json_schema", schema_text(json_schema or {}))
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        compiled = self._compile(regex, key[1] if regex is None else None)  # outside the lock: others go on
+        with self._lock:
+            self.compiled += 1
+            self._cache[key] = compiled
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return compiled
+
+    def _compile(self, regex: str | None, text: str | None) -> Any:
+        """regex, or the schema's JSON text, compiled by xgrammar."""
         try:
             if regex is not None:
                 return self._compiler.compile_regex(regex)
-            assert json_schema is not None, "pass regex or json_schema"
-            text = json_schema if isinstance(json_schema, str) else schema_text(json_schema)
+            assert text is not None, "pass regex or json_schema"
             schema = bounded_schema(json.loads(text))
             # no free whitespace: a model could otherwise pad the JSON with spaces until max_tokens
             grammar = self._xgr.Grammar.from_json_schema(schema_text(schema), any_whitespace=False)

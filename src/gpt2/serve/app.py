@@ -9,7 +9,11 @@ at `GET /`. Streaming answers are server-sent events in OpenAI's chunk format, e
 Every error is OpenAI-shaped JSON, `{"error": {"message", "type", "param", "code"}}`: 400 for a bad field or a
 malformed body, 401 without the API key (when one is set), 404 for an unknown model or route, 413 for a body
 over the size limit, 429 with Retry-After when the queue is full, 503 while shutting down. A client's input
-never causes a 500: bodies are checked field by field (gpt2.serve.protocol) before anything runs.
+never causes a 500: bodies are checked field by field (gpt2.serve.protocol) before anything runs. A request
+whose own computation fails in the engine (its logits not finite under its steering or adapter, its steering,
+adapter or rules raising: gpt2.serve.runner) ends alone, answered 400; a stream answers so too when that happens
+before its first token (it starts only with the first output), and after it ends that choice with an error chunk,
+`data: {"error": {...}}`, as vLLM's streams do (the openai client raises it as an APIError).
 
 A request's sequences go to the engine (one per prompt and choice) and come back through an asyncio queue. A
 client that disconnects cancels them: a stream when its response is closed, a plain request through a watcher
@@ -38,7 +42,16 @@ from starlette.requests import ClientDisconnect
 from gpt2.api import LLM
 from gpt2.inference.embedding import embed
 from gpt2.inference.steering import FeatureDictionary, check_feature_dictionary, parse_steering
-from gpt2.serve import Engine, EngineError, EngineFailed, EngineStopped, QueueFull, SequenceOutput, SequenceRequest
+from gpt2.serve import (
+    Engine,
+    EngineError,
+    EngineFailed,
+    EngineStopped,
+    QueueFull,
+    SequenceFailed,
+    SequenceOutput,
+    SequenceRequest,
+)
 from gpt2.serve.adapters import ServedModels
 from gpt2.serve.chat import ChatMessage
 from gpt2.serve.config import MEGABYTE, ServerConfig
@@ -214,6 +227,7 @@ ENGINE_ERRORS: dict[type[EngineError], tuple[int, str, str | None]] = {
     QueueFull: (429, "rate_limit_error", "queue_full"),
     EngineStopped: (503, "server_error", "shutting_down"),
     EngineFailed: (500, "server_error", None),
+    SequenceFailed: (400, "invalid_request_error", None),  # the request's own steering, adapter or rules
 }
 
 
@@ -244,6 +258,7 @@ class _Submission:
         self._metrics = metrics
         self._submitted = time.perf_counter()
         self._last_token: dict[int, float] = {}  # sequence index -> when its latest token arrived
+        self._held: list[SequenceOutput] = []  # an output `first` took, still to be yielded
         metrics.submitted(sum(len(request.prompt) for request in requests))
 
     def _deliver(self, output: SequenceOutput) -> None:  # called on the engine's thread
@@ -252,7 +267,7 @@ class _Submission:
     async def outputs(self) -> AsyncIterator[SequenceOutput]:
         """Every output of every sequence, as they come, until each sequence has ended."""
         while self._remaining:
-            output = await self._queue.get()
+            output = self._held.pop() if self._held else await self._queue.get()
             arrived = time.perf_counter()
             previous = self._last_token.get(output.index)
             self._metrics.observe(
@@ -268,6 +283,20 @@ class _Submission:
 
     def cancel(self) -> None:
         self._ticket.cancel()
+
+    async def first(self, request: Request) -> None:
+        """Wait for the first output before a stream begins: one that is an error (a sequence that failed before
+        its first token) answers the request with the error's status, never a 200 stream holding only an error
+        chunk. Otherwise the output is held for `outputs`."""
+        watcher = self.watch(request)
+        try:
+            output = await self._queue.get()
+        finally:
+            watcher.cancel()
+        if output.error:
+            self.cancel()
+            raise engine_error(output.error)
+        self._held.append(output)
 
     async def collect(self, request: Request, choices: list[SequenceOutput]) -> None:
         """Gather every output into `choices`, cancelling the sequences if the client goes away meanwhile."""
@@ -458,6 +487,7 @@ class _Service:
         if parsed.stream:
             head = self._head(response_id, "text_completion", created, parsed.model)
             chunks = self._completion_chunks(parsed, submission, choices, prompt_of, prompt_tokens, head)
+            await submission.first(request)
             return StreamingResponse(
                 _sse(chunks, submission, request), media_type="text/event-stream", headers=SSE_HEADERS
             )
@@ -542,6 +572,7 @@ class _Service:
         if parsed.stream:
             head = self._head(response_id, "chat.completion.chunk", created, parsed.model)
             chunks = self._chat_chunks(parsed, submission, choices, len(prompt), head)
+            await submission.first(request)
             return StreamingResponse(
                 _sse(chunks, submission, request), media_type="text/event-stream", headers=SSE_HEADERS
             )

@@ -254,11 +254,16 @@ class DecodeBatch:
         self._lengths[0] -= count
         self.width = L - count
 
-    def leave(self, row: int) -> int | None:
+    def leave(self, row: int, *, scrub: bool = False) -> int | None:
         """Remove active row `row`. The last row moves into its place: returns the index it had (so the caller
-        can renumber it), or None when the removed row was the last one."""
+        can renumber it), or None when the removed row was the last one. scrub=True: its keys and values are zeroed
+        first, every column (a row whose forward overflowed: a NaN or infinity left there would reach the next
+        sequence seated in it through the padding columns its mask hides, as 0 x NaN in the attention's sum)."""
         if not 0 <= row < self.size:
             raise ValueError(f"row {row} is not active (rows 0..{self.size - 1})")
+        if scrub:
+            self._k[:, row].zero_()
+            self._v[:, row].zero_()
         last = self.size - 1
         self.size = last
         if row == last:

@@ -54,8 +54,8 @@ class ServerConfig:
     """Prompt tokens prefilled between two decode steps at most (`--prefill-chunk`): a longer prompt is prefilled in
     chunks of this many, so running streams wait for one chunk, not the whole prompt (gpt2.serve.engine)."""
     grammar_timeout: float = GRAMMAR_TIMEOUT
-    """Seconds a structured request's grammar (json_schema, regex) may take to compile, on a worker thread while
-    other requests run (`--grammar-timeout`); past it the request is answered 400 (gpt2.serve.grammar)."""
+    """CPU seconds a structured request's grammar (json_schema, regex) may take to compile, on a worker thread
+    while other requests run (`--grammar-timeout`); past it the request is answered 400 (gpt2.serve.grammar)."""
 
     runtime_lora_updating: bool = False
     """Whether POST /v1/load_lora_adapter and /v1/unload_lora_adapter may change the adapters while the server runs

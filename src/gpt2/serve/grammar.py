@@ -1,10 +1,15 @@
-"""Structured requests' grammars compiled off the engine's path: each on a worker thread, within a time limit.
+"""Structured requests' grammars compiled off the engine's path: each on a worker thread, within a limit of compile
+work.
 
 xgrammar compiles a deep JSON schema slowly (a 300-deep nested object takes it seconds of a core). Compiled
 on the event loop or in `Engine.submit`, it would stall every other request; here the HTTP handler awaits the
 compilation on a worker thread (xgrammar releases the GIL while it works), so other requests are served meanwhile,
-and past the limit the request is answered 400. A compilation past its limit runs on to its end (a thread cannot be
-stopped) on a daemon thread, and lands in the compiler's cache: the same grammar sent again is ready at once.
+and past the limit the request is answered 400. The limit is CPU time of the compiling thread (Linux and macOS;
+wall time elsewhere), which compiles alone (gpt2.inference.structured.GrammarCompiler): time spent waiting for a core
+on a busy machine, or for a free worker, is not compile work, so a schema that compiles at once on an idle machine
+never fails on a busy one. Compiled grammars are cached by schema (or regex): the same one sent again is ready at
+once. A compilation past its limit runs on to its end (a thread cannot be stopped) on a daemon thread, and lands in
+that cache too.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import asyncio
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +26,7 @@ from gpt2.inference.sampling import SamplingParams
 from gpt2.inference.structured import GrammarCompiler
 
 GRAMMAR_TIMEOUT = 10.0
-"""Seconds a request's grammar may take to compile before the request is refused (`gpt2 serve --grammar-timeout`).
+"""CPU seconds a request's grammar may take to compile before the request is refused (`gpt2 serve --grammar-timeout`).
 Schemas of everyday depth compile in well under a second; a schema nested hundreds deep takes seconds (5 s for 300
 levels of objects on a Zen 5 core)."""
 GRAMMAR_WORKERS = 2
@@ -40,7 +46,7 @@ class GrammarCompilations:
     """Compiles requests' grammars on worker threads for the event loop (module docstring).
 
     compiler: returns the one GrammarCompiler of the model's vocabulary (built on first use; the engine's, so a
-    grammar compiled here is the one the engine would compile). timeout: seconds per grammar (GRAMMAR_TIMEOUT)."""
+    grammar compiled here is the one the engine would compile). timeout: CPU seconds per grammar (GRAMMAR_TIMEOUT)."""
 
     def __init__(self, compiler: Callable[[], GrammarCompiler], timeout: float, workers: int = GRAMMAR_WORKERS) -> None:
         self._compiler = compiler
@@ -49,7 +55,7 @@ class GrammarCompilations:
 
     async def compile(self, params: SamplingParams) -> Any | None:
         """The compiled grammar of params' regex / json_schema (None: neither is set). A ValueError for an invalid
-        grammar; GrammarTooComplex (a ValueError) when compiling it takes longer than `timeout` seconds."""
+        grammar; GrammarTooComplex (a ValueError) when compiling it takes more than `timeout` CPU seconds."""
         if params.regex is None and params.json_schema is None:
             return None
         loop = asyncio.get_running_loop()
@@ -65,23 +71,48 @@ class GrammarCompilations:
 
         def work() -> None:  # on the worker thread
             _lower_priority()
+            compiled, error = None, None
             with self._slots:
                 try:
                     compiled = self._compiler().compile(regex=params.regex, json_schema=params.json_schema)
                 except Exception as err:  # an invalid grammar (ValueError), or the library's own failure
-                    loop.call_soon_threadsafe(deliver, None, err)
-                    return
-            loop.call_soon_threadsafe(deliver, compiled, None)
+                    error = err
+            try:
+                loop.call_soon_threadsafe(deliver, compiled, error)
+            except RuntimeError:  # the loop has closed (shutdown): nobody waits; the cache holds the grammar
+                pass
 
-        threading.Thread(target=work, name="gpt2-grammar", daemon=True).start()
+        worker = threading.Thread(target=work, name="gpt2-grammar", daemon=True)
+        worker.start()
         try:
-            return await asyncio.wait_for(result, self.timeout)
+            return await _within_cpu_time(result, worker, self.timeout)
         except asyncio.TimeoutError:  # TimeoutError from Python 3.11 on
             what = "regex" if params.regex is not None else "json_schema"
             raise GrammarTooComplex(
-                f"the {what} is too complex to compile within {self.timeout:g} s (the server's --grammar-timeout); "
-                "simplify it (fewer nesting levels)"
+                f"the {what} is too complex to compile within {self.timeout:g} s of CPU time (the server's "
+                "--grammar-timeout); simplify it (fewer nesting levels)"
             ) from None
+        finally:
+            result.cancel()  # no effect once it is done; else the worker's late answer is dropped (`deliver`)
+
+
+async def _within_cpu_time(result: asyncio.Future[Any], worker: threading.Thread, seconds: float) -> Any:
+    """`result` once it is done; TimeoutError once `worker` has used `seconds` of CPU time (wall time where the
+    platform has no per-thread clock). A thread's CPU time grows no faster than the wall clock, so waiting for what
+    is left of the budget in wall time, then reading the clock again, never gives up early."""
+    used = 0.0
+    while True:
+        try:
+            return await asyncio.wait_for(asyncio.shield(result), seconds - used)
+        except asyncio.TimeoutError:
+            if not hasattr(time, "pthread_getcpuclockid") or worker.ident is None:
+                raise
+            try:
+                used = time.clock_gettime(time.pthread_getcpuclockid(worker.ident))
+            except OSError:  # the thread has ended: it handed its answer to the loop first
+                return await result
+            if used >= seconds:
+                raise
 
 
 def _lower_priority() -> None:

@@ -31,7 +31,7 @@ def commit(sequence: SequenceState, token: int, logprobs: torch.Tensor | None, e
     """Record a drawn token (logprobs (V,): the model's log-probabilities at its position, when asked): its text
     goes to the sink, and the sequence ends when it should (end-of-text, a stop, the length). A sequence already
     finished takes nothing (the tokens a speculative step drew past a stop)."""
-    if sequence.status is SequenceStatus.FINISHED:
+    if sequence.done:
         return
     sequence.generated += 1
     sequence.pending = token
@@ -68,9 +68,9 @@ def finish(
     output: SequenceOutput | None = None,
 ) -> None:
     """The sequence's final output (once: a finished sequence takes no more). The runner frees its row."""
-    if sequence.status is SequenceStatus.FINISHED:
+    if sequence.done:
         return
-    sequence.status = SequenceStatus.FINISHED
+    sequence.status = SequenceStatus.FINISHED if error is None else SequenceStatus.FAILED
     output = output or SequenceOutput(sequence.index, completion_tokens=sequence.generated)
     output.finish_reason = None if error else reason
     output.error = error

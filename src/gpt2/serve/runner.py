@@ -13,6 +13,15 @@ and each row's interventions hooked; a forward over plain rows keeps the native 
 Each drawn token goes to `commit` (gpt2.serve.output) at once, so a first token leaves before the turn's decode
 step; finished sequences leave the batch at `release`.
 
+Failure is a property of a row, as in vLLM's model runner: every product, norm and attention of a batched forward
+is row by row, so one row's failure never touches the others, and it ends that row alone (SequenceFailed: the
+server answers 400, or an error chunk once it streams), while the rows beside it draw exactly what they draw
+alone. A row fails when its logits after a forward are not all finite (an overflowing steering vector or scale,
+an adapter's huge weights: `torch.isfinite` per row), when its own steering or adapter raises inside the forward
+(recorded against it, gpt2.inference.faults), when its rules (penalties, bans, a grammar) raise, or when they leave
+no token to draw. Its row's keys and values are zeroed as it leaves. An exception no row owns (a bug of ours) still
+fails the whole step (gpt2.serve.engine).
+
 With a prefix cache (gpt2.serve.prefix_cache), a prompt that starts with an earlier prompt's tokens reuses their
 keys and values instead of prefilling them (every token they share, a chunked prompt's too; prompts that ask for
 their own log-probabilities reuse none, as they need every position's logits). Scored prompts are prefilled
@@ -21,12 +30,14 @@ outside the batch (gpt2.serve.batch.ChunkedPrefill), in chunks when long, each c
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
 
+from gpt2.inference.faults import RowFaults, fault_reason
 from gpt2.inference.lora_batch import RoutedView
 from gpt2.inference.processors import apply_processors
 from gpt2.inference.sampling import sample_next_token
@@ -36,7 +47,9 @@ from gpt2.model import GPT
 from gpt2.serve.batch import DecodeBatch, reusable_prefix
 from gpt2.serve.output import commit, finish, token_logprob
 from gpt2.serve.prefix_cache import PrefixCache
-from gpt2.serve.sequence import SequenceState, SequenceStatus, TokenLogprob
+from gpt2.serve.sequence import SequenceFailed, SequenceState, SequenceStatus, TokenLogprob
+
+logger = logging.getLogger(__name__)
 
 
 class _LoneRow:
@@ -109,10 +122,15 @@ class Runner:
     def _forward(self, sequences: Sequence[SequenceState]) -> Iterator[GPT | None]:
         """The forward that runs these rows, until the block ends: None (the batch's model, through the native
         decoder where it can) unless a row has an adapter (the adapted view, each row's update added) or steering
-        (the model's forward under the rows' hooks, which the view's layers, the model's own, run as well)."""
+        (the model's forward under the rows' hooks, which the view's layers, the model's own, run as well). A row
+        whose steering or adapter raised in it has failed when the block ends (module docstring)."""
         steering = [sequence.request.steering for sequence in sequences]
-        with steer(self.model, steering), self._adapted.rows([s.request.adapter for s in sequences]) as model:
+        faults = RowFaults()
+        adapters = [sequence.request.adapter for sequence in sequences]
+        with steer(self.model, steering, faults), self._adapted.rows(adapters, faults) as model:
             yield None if model is self.model and not any(steering) else model
+        for row, reason in faults.reasons.items():
+            self._fail(sequences[row], reason)
 
     @torch.no_grad()
     def admit(self, sequences: Sequence[SequenceState]) -> None:
@@ -167,6 +185,11 @@ class Runner:
         start = prefill.done
         with self._forward([sequence]) as model:
             logits = prefill.advance(tokens, model)  # (tokens, V) when scoring, else (1, V): the last position's
+        if not sequence.done and not bool(torch.isfinite(logits).all()):
+            self._fail(sequence, self._not_finite(sequence))
+        if sequence.done:  # it failed: its prefill goes (`release` frees it when it is the part-way one)
+            sequence.prefill = None
+            return tokens
         if request.prompt_logprobs:
             sequence.prompt_logprobs += self._score(request.prompt, logits, start, request.logprobs or 0)
         if prefill.remaining > 0:
@@ -220,32 +243,78 @@ class Runner:
     def sample(self, sequences: list[SequenceState], logits: torch.Tensor) -> None:
         """Draw the next token of each sequence from its row of logits (B, V) and commit it. Each row gets its own
         rules, then the rows that share the sampler's settings draw together, each with its own generator: what
-        each draws alone (`sample_next_token` with a generator per row), in one top-k pass instead of one a row."""
+        each draws alone (`sample_next_token` with a generator per row), in one top-k pass instead of one a row.
+        A row that failed (module docstring) draws nothing; the others draw as they would without it."""
+        rows = self._healthy(sequences, logits)
         logits = self._limit(logits.float())
         ruled = logits  # the rows after their rules; `logits` stays the model's, for log-probabilities
-        for row, sequence in enumerate(sequences):
-            if sequence.token_ids is not None:  # it has rules
-                ruled = logits.clone() if ruled is logits else ruled
-                token_ids = sequence.token_ids[:, : len(sequence.tokens)]  # (1, T)
+        for row in [row for row in rows if sequences[row].token_ids is not None]:  # those with rules
+            sequence = sequences[row]
+            assert sequence.token_ids is not None
+            ruled = logits.clone() if ruled is logits else ruled
+            token_ids = sequence.token_ids[:, : len(sequence.tokens)]  # (1, T)
+            try:
                 ruled[row : row + 1] = apply_processors(sequence.processors, token_ids, ruled[row : row + 1])
+            except Exception as error:
+                self._fail(sequence, fault_reason("its rules (penalties, bans, bias, grammar)", error))
+                rows.remove(row)
+        if ruled is not logits:
+            excluded = torch.isneginf(ruled.amax(dim=-1)).tolist()  # (B,) rows whose rules leave no token
+            for row in [row for row in rows if excluded[row]]:
+                self._fail(sequences[row], "every token has logit -inf, nothing is left to draw; the bans, biases or "
+                                           "limits exclude the whole vocabulary")  # fmt: skip
+                rows.remove(row)
         groups: dict[tuple[float, int | None, float | None], list[int]] = {}
-        for row, sequence in enumerate(sequences):
-            params = sequence.request.params
+        for row in rows:
+            params = sequences[row].request.params
             groups.setdefault((params.temperature, params.top_k, params.top_p), []).append(row)
         tokens = [0] * len(sequences)
-        for (temperature, top_k, top_p), rows in groups.items():
+        for (temperature, top_k, top_p), members in groups.items():
             drawn = sample_next_token(
-                ruled if len(rows) == len(sequences) else ruled[rows],  # (n, V)
+                ruled if len(members) == len(sequences) else ruled[members],  # (n, V)
                 temperature=temperature,
                 top_k=top_k,
                 top_p=top_p,
-                generator=[sequences[row].generator for row in rows],
+                generator=[sequences[row].generator for row in members],
             )
-            for row, token in zip(rows, drawn.tolist(), strict=True):
+            for row, token in zip(members, drawn.tolist(), strict=True):
                 tokens[row] = token
-        for row, sequence in enumerate(sequences):
+        for row in rows:
+            sequence = sequences[row]
             logprobs = F.log_softmax(logits[row], dim=-1) if sequence.request.logprobs is not None else None
             commit(sequence, tokens[row], logprobs, self.eot_token)
+
+    def _healthy(self, sequences: list[SequenceState], logits: torch.Tensor) -> list[int]:
+        """The rows of logits (B, V) that draw: not those failed in the forward, nor those whose logits are not
+        all finite (they fail here)."""
+        # one pass over the vocabulary: a finite sum means every logit of the row is finite (NaN and inf carry into
+        # it); only a row whose sum is not (huge finite logits can overflow it) gets the exact check
+        suspect = ~torch.isfinite(logits.sum(dim=-1))  # (B,)
+        if bool(suspect.any()):
+            finite = torch.isfinite(logits).all(dim=-1).tolist()
+            for sequence, good in zip(sequences, finite, strict=True):
+                if not good and not sequence.done:
+                    self._fail(sequence, self._not_finite(sequence))
+        return [row for row, sequence in enumerate(sequences) if not sequence.done]
+
+    @staticmethod
+    def _not_finite(sequence: SequenceState) -> str:
+        """Why a row's logits are NaN or infinite, naming the likely cause and the way out."""
+        request = sequence.request
+        causes = []
+        if request.steering:
+            causes.append("its steering (a vector or scale too large; lower them)")
+        if request.adapter is not None:
+            causes.append(f"the adapter {request.adapter.name!r} (weights too large; check or retrain it)")
+        cause = " or ".join(causes) or "the model's weights (check the checkpoint)"
+        generated = sequence.generated
+        where = "reading the prompt" if generated == 0 else f"after {generated} token{'s' * (generated > 1)}"
+        return f"the model's logits are not finite (NaN or infinity) {where}: {cause} made its activations overflow"
+
+    def _fail(self, sequence: SequenceState, reason: str) -> None:
+        """End one sequence with SequenceFailed (its row is zeroed and freed at `release`)."""
+        logger.warning("a sequence failed alone (its request gets the error): %s", reason)
+        finish(sequence, error=SequenceFailed(reason))
 
     # ------------------------------------------------------------------------------------ scores
     def _score(self, prompt: Sequence[int], logits: torch.Tensor, start: int, top: int) -> list[TokenLogprob | None]:
@@ -267,14 +336,14 @@ class Runner:
     # ------------------------------------------------------------------------------------ leaving
     def release(self) -> None:
         """Finished sequences leave the batch (their rows are free for the next admissions)."""
-        if self.prefilling is not None and self.prefilling.status is SequenceStatus.FINISHED:
+        if self.prefilling is not None and self.prefilling.done:
             self.prefilling.prefill = None
             self.prefilling = None
         row = len(self.rows) - 1
         while row >= 0:  # from the end: a row leaving moves the last one into its place
             sequence = self.rows[row]
-            if sequence.status is SequenceStatus.FINISHED:
-                moved = self.batch.leave(row)
+            if sequence.done:
+                moved = self.batch.leave(row, scrub=sequence.status is SequenceStatus.FAILED)
                 self.rows[row] = self.rows[-1]
                 self.rows.pop()
                 if moved is not None:

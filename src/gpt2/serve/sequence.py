@@ -46,15 +46,21 @@ class EngineFailed(EngineError):
     """A step failed inside the engine (a bug of ours): the sequences in it end; the engine serves the others."""
 
 
+class SequenceFailed(EngineError):
+    """One sequence's own computation failed (gpt2.serve.runner): its logits were not finite (an overflowing
+    steering or adapter), or its steering, adapter or rules raised. It alone ends; the rows beside it go on."""
+
+
 class SequenceStatus(enum.Enum):
-    """Where a sequence is, as vLLM keeps it: each moves forward only, WAITING -> RUNNING -> FINISHED, through
-    CANCELLED when asked to stop (a queued one leaves the queue at once; a running one the engine finishes at the
-    next step boundary)."""
+    """Where a sequence is, as vLLM keeps it: each moves forward only, WAITING -> RUNNING -> FINISHED (or FAILED),
+    through CANCELLED when asked to stop (a queued one leaves the queue at once; a running one the engine finishes
+    at the next step boundary)."""
 
     WAITING = "waiting"  # queued for a row
     RUNNING = "running"  # taken for a row: prefilling or decoding
     CANCELLED = "cancelled"  # asked to stop, its final output not yet out
-    FINISHED = "finished"  # its final output is out
+    FINISHED = "finished"  # its final output is out, with a finish reason
+    FAILED = "failed"  # its final output is out, an error: its row's keys and values are not to be trusted
 
 
 @dataclass(frozen=True)
@@ -115,7 +121,8 @@ class SequenceOutput:
     completion_tokens: int = 0
     """Tokens generated so far, a stop token included."""
     error: EngineError | None = None
-    """Why the sequence ended without finishing (EngineStopped, EngineFailed); its message is for the user."""
+    """Why the sequence ended without finishing (EngineStopped, EngineFailed, SequenceFailed); its message is for
+    the user."""
 
     @property
     def final(self) -> bool:
@@ -207,4 +214,5 @@ class SequenceState:
 
     @property
     def done(self) -> bool:
-        return self.status is SequenceStatus.FINISHED
+        """Whether its final output is out (finished or failed)."""
+        return self.status is SequenceStatus.FINISHED or self.status is SequenceStatus.FAILED
