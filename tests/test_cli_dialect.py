@@ -109,11 +109,12 @@ def test_an_unknown_dtype_is_refused_naming_the_choices(capsys) -> None:
     ("argv", "dest", "new"),
     [(["train", "--out-dir", "a", "--out-dir", "b"], "out", "--out"),
      (["eval", "perplexity", "--model", "m", "--data", "x", "--max-tokens", "7", "--max-tokens", "9"],
-      "max_eval_tokens", "--max-eval-tokens")],
+      "max_eval_tokens", "--max-eval-tokens"),
+     (["finetune", "--model", "m", "--data", "d", "--out", "o", "--lora", "--lora"], "method", "--method lora")],
 )  # fmt: skip
 def test_an_old_spelling_works_and_says_so_once(argv, dest, new, capsys) -> None:
     args = parse(argv)
-    assert getattr(args, dest) in ("b", 9)  # the last one given, as for the new spelling
+    assert getattr(args, dest) in ("b", 9, "lora")  # the last one given, as for the new spelling
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and f"is the old spelling of {new}; use {new}" in error, error
 
@@ -121,6 +122,8 @@ def test_an_old_spelling_works_and_says_so_once(argv, dest, new, capsys) -> None
 def test_the_new_spellings_say_nothing(capsys) -> None:
     assert parse(["train", "--out", "a"]).out == "a"
     assert parse(["eval", "perplexity", "--model", "m", "--data", "x", "--max-eval-tokens", "7"]).max_eval_tokens == 7
+    finetune = ["finetune", "--model", "m", "--data", "d", "--out", "o"]
+    assert parse(finetune).method == "full" and parse([*finetune, "--method", "lora"]).method == "lora"
     assert capsys.readouterr().err == ""
 
 

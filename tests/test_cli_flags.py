@@ -64,7 +64,7 @@ def test_chat_takes_a_dtype(byte_model, monkeypatch, capsys):
 
 @pytest.fixture
 def lora_output(tmp_path: Path, gpt2_bpe_dir: Path) -> tuple[Path, Path]:
-    """(base model, a `gpt2 finetune --lora`-shaped output: the merged model with adapter/ beside it)."""
+    """(base model, a `gpt2 finetune --method lora`-shaped output: the merged model with adapter/ beside it)."""
     transformers = pytest.importorskip("transformers")
     peft = pytest.importorskip("peft")
     from gpt2.finetune.lora import apply_adapter

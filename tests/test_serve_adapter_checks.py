@@ -245,7 +245,7 @@ def test_a_lora_path_outside_the_lora_roots_is_a_400_however_it_is_spelled(
 def test_models_shows_each_adapters_root_as_sent_or_as_given_on_the_command_line(
     base: Path, good: Path, tmp_path: Path
 ) -> None:
-    run_folder = tmp_path / "run"  # a `gpt2 finetune --lora` output folder: the adapter is in run/adapter
+    run_folder = tmp_path / "run"  # a `gpt2 finetune --method lora` output folder: the adapter is in run/adapter
     (run_folder / "adapter").mkdir(parents=True)
     for name in (CONFIG, WEIGHTS):
         (run_folder / "adapter" / name).write_bytes((good / name).read_bytes())

@@ -86,7 +86,7 @@ class LLM:
         inference form (see prepare_for_inference; README's "Precisions" table says what each computes).
         draft: a smaller model with the same tokenizer for speculative decoding, loaded like `model`, same
         precision; prompt_lookup: speculative decoding with n-gram drafts of this many tokens instead.
-        adapters: LoRA adapters by name, each a folder in PEFT's format (or a `gpt2 finetune --lora` output
+        adapters: LoRA adapters by name, each a folder in PEFT's format (or a `gpt2 finetune --method lora` output
         folder), checked to fit the model; `generate(..., adapter=NAME)` picks one per prompt.
         """
         resolved = device if isinstance(device, torch.device) else resolve_device(device)

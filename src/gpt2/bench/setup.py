@@ -78,7 +78,7 @@ def save_model_directory(settings: BenchSettings, directory: Path) -> Path:
 
 def write_adapters(base: Path, out: Path, count: int, rank: int) -> list[Path]:
     """`count` LoRA adapters of `rank` on c_attn for the model saved at `base`, in PEFT's format (what `gpt2
-    finetune --lora` writes) under out/adapter0, out/adapter1, ...: seeded random A and B (B non-zero, so each
+    finetune --method lora` writes) under out/adapter0, out/adapter1, ...: seeded random A and B (B non-zero, so each
     changes the text)."""
     from gpt2.finetune.lora import LoRAConfig, LoRALinear, add_lora, save_adapter
 

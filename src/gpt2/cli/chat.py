@@ -4,7 +4,7 @@ Reads one user message per line from stdin (so it can be piped: `printf 'Hi\\n' 
 prints each reply while it is generated. An empty line or end of input ends the chat.
 
     gpt2 chat --model out/chat --system "You are terse."
-    gpt2 chat --model gpt2 --adapter out/chat-lora      # the adapter `gpt2 finetune --lora` wrote (OUT/adapter)
+    gpt2 chat --model gpt2 --adapter out/chat-lora      # the adapter `gpt2 finetune --method lora` wrote (OUT/adapter)
 """
 
 from __future__ import annotations

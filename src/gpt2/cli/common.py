@@ -98,7 +98,7 @@ def load_speculative_llm(args: argparse.Namespace) -> LLM:
 
 
 ADAPTER_HELP = (
-    "[NAME=]DIR: a LoRA adapter's folder (PEFT's format, or a `gpt2 finetune --lora` output folder, which holds it in "
+    "[NAME=]DIR: a LoRA adapter's folder (PEFT's format, or a LoRA `gpt2 finetune` output folder, which holds it in "
     "adapter/), named NAME (default: the folder's name)"
 )
 
@@ -133,7 +133,7 @@ class OldSpelling(argparse.Action):
         if not self.said:
             print(f"gpt2: {option_string} is the old spelling of {self.new}; use {self.new}", file=sys.stderr)
             self.said = True
-        setattr(namespace, self.dest, values)
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)  # a switch stands for a value
 
 
 def add_renamed_argument(parser: argparse.ArgumentParser, new: str, old: str, **keywords: Any) -> None:

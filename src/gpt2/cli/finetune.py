@@ -1,5 +1,5 @@
-"""`gpt2 finetune --model DIR_OR_NAME --data PATH --out DIR [--task lm|classification] [--lora] [--set KEY=VALUE ...]
-[--resume | --overwrite]`.
+"""`gpt2 finetune --model DIR_OR_NAME --data PATH --out DIR [--task lm|classification] [--method full|lora]
+[--set KEY=VALUE ...] [--resume | --overwrite]`.
 
 Fine-tunes a pretrained model with its own tokenizer on a text file or folder, JSONL (text, prompt/completion or
 chat records) or CSV (--set text_column=NAME); writes an HF-format model + tokenizer into --out. With --task
@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from gpt2.cli.common import OldSpelling
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -21,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Fine-tune a pretrained GPT-2 (HF directory or Hub name) with its tokenizer. Data: a text file or folder "
             "(documents separated by <|endoftext|>), .jsonl with a text field, prompt/completion pairs (loss on "
             "the completion) or chat `messages` (loss on assistant turns), or .csv (--set text_column=NAME). "
-            "Defaults: LR 1e-4 (1e-3 with --lora), 10 warmup steps, 10% val split, the best checkpoint by val "
+            "Defaults: LR 1e-4 (1e-3 with --method lora), 10 warmup steps, 10% val split, the best checkpoint by val "
             "loss is the output. --task classification: .jsonl/.csv text + label records (--set text_field=... "
             "--set label_field=...), a score head on the last token, val accuracy at each evaluation. The memory "
             "estimate is printed first and a run that cannot fit memory_budget is refused (--set batch_size=auto "
@@ -35,7 +37,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "--overwrite)")  # fmt: skip
     parser.add_argument("--task", choices=("lm", "classification"), default=None,
                         help="lm (default): next-token fine-tuning; classification: text + label records")  # fmt: skip
-    parser.add_argument("--lora", action="store_true", help="train LoRA adapters only (also saved in PEFT's format)")
+    parser.add_argument("--method", choices=("full", "lora"), default="full",
+                        help="full (default): train every weight; lora: LoRA adapters only (also saved in PEFT's "
+                             "format)")  # fmt: skip
+    parser.add_argument("--lora", dest="method", action=OldSpelling, new="--method lora", nargs=0, const="lora",
+                        help=argparse.SUPPRESS)  # fmt: skip
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="a fine-tuning or training setting (repeatable), read as gpt2 train reads --set, e.g. --set max_steps=500 "
@@ -60,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from gpt2.runtime.files import disk_errors_named
 
     values: dict[str, object] = {"model": args.model, "data": args.data, "out_dir": args.out}
-    if args.lora:
+    if args.method == "lora":
         values["lora"] = True
     if args.task is not None:
         values["task"] = args.task

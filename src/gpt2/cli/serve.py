@@ -87,7 +87,7 @@ def register(subparsers: Any) -> None:
         type=adapter_spec,
         default=[],
         metavar="NAME=DIR",
-        help="LoRA adapters (PEFT's format, or `gpt2 finetune --lora` output folders) a request's `model` may name",
+        help="LoRA adapters (PEFT's format, or LoRA `gpt2 finetune` output folders) a request's `model` may name",
     )
     parser.add_argument(
         "--allow-runtime-lora-updating",

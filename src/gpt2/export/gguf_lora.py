@@ -38,7 +38,7 @@ def export_gguf_lora(
     dtype: str = "f16",
     name: str | None = None,
 ) -> Path:
-    """Write the adapter in the folder `adapter` (PEFT's format, or a `gpt2 finetune --lora` output folder), checked
+    """Write the adapter in the folder `adapter` (PEFT's format, or a LoRA `gpt2 finetune` output folder), checked
     to fit a base model of `config`, as one GGUF LoRA file llama.cpp applies with `--lora PATH`.
 
     name: `general.name` (default: the file's stem). The file appears only once complete."""

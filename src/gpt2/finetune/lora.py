@@ -85,7 +85,7 @@ def merge_lora(model: GPT) -> GPT:
 
 def find_adapter(directory: str | os.PathLike[str], model: str | os.PathLike[str] | None = None) -> Path:
     """The adapter folder `directory` names: itself when it holds adapter_config.json, else its `adapter/`
-    (where `gpt2 finetune --lora` writes it, beside the merged model). With `model` (what the adapter will be
+    (where `gpt2 finetune --method lora` writes it, beside the merged model). With `model` (what the adapter will be
     applied to): refused when that is the merged output of this very adapter, which would apply it twice."""
     folder = adapter_directory(directory)
     if model is None:
@@ -94,7 +94,7 @@ def find_adapter(directory: str | os.PathLike[str], model: str | os.PathLike[str
     mine = folder / ADAPTER_WEIGHTS_FILE
     if beside.is_file() and mine.is_file() and _same_bytes(beside, mine):
         raise ValueError(
-            f"{model} already has the adapter {folder} merged into its weights (`gpt2 finetune --lora` writes the "
+            f"{model} already has the adapter {folder} merged into its weights (a LoRA `gpt2 finetune` writes the "
             f"merged model and {ADAPTER_SUBDIRECTORY}/ beside it); drop --adapter, or pass the base model as --model"
         )
     return folder

@@ -7,7 +7,7 @@ PEFT's files for GPT2LMHeadModel: adapter_config.json and adapter_model.safetens
 they are our A and B as they are; our module names are HF's. A layer with an adapter computes
 base(x) + scaling * (x A^T) B^T, scaling = alpha / r (alpha / sqrt(r) with rsLoRA).
 
-`gpt2 finetune --lora` writes these files (gpt2.finetune.lora) under OUT/adapter; `read_lora_adapter` takes that
+`gpt2 finetune --method lora` writes these files (gpt2.finetune.lora) under OUT/adapter; `read_lora_adapter` takes that
 folder, the fine-tune's OUT folder itself, or what PEFT's `save_pretrained` writes.
 """
 
@@ -30,7 +30,7 @@ from gpt2.config import GPTConfig, is_integer
 
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
-ADAPTER_SUBDIRECTORY = "adapter"  # where `gpt2 finetune --lora` writes the adapter inside its output folder
+ADAPTER_SUBDIRECTORY = "adapter"  # where `gpt2 finetune --method lora` writes the adapter inside its output folder
 PEFT_PREFIX = "base_model.model."  # PeftModel -> LoraModel -> the wrapped GPT2LMHeadModel
 TARGETABLE = ("c_attn", "c_proj", "c_fc")
 # PEFT config keys that change what the adapter computes in ways we do not implement: refused, not ignored.
@@ -66,7 +66,7 @@ class LoRAConfig:
 
 
 def adapter_directory(path: str | os.PathLike[str]) -> Path:
-    """The folder holding adapter_config.json: `path` itself, or its `adapter/` (a `gpt2 finetune --lora` run)."""
+    """The folder holding adapter_config.json: `path` itself, or its `adapter/` (a LoRA `gpt2 finetune` run)."""
     folder = Path(path).expanduser()
     if not (folder / ADAPTER_CONFIG_FILE).is_file() and (folder / ADAPTER_SUBDIRECTORY / ADAPTER_CONFIG_FILE).is_file():
         return folder / ADAPTER_SUBDIRECTORY
@@ -78,7 +78,7 @@ def read_adapter_config(directory: str | os.PathLike[str]) -> LoRAConfig:
     file and the field (a list where an object belongs, `"r": 8.9`, `"use_rslora": "false"`)."""
     path = Path(directory) / ADAPTER_CONFIG_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist; pass a folder saved by PEFT or `gpt2 finetune --lora`")
+        raise FileNotFoundError(f"{path} does not exist; pass a folder saved by PEFT or `gpt2 finetune --method lora`")
     try:
         values = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
@@ -163,7 +163,7 @@ class LoRAAdapter:
     config: LoRAConfig
     layers: dict[str, tuple[torch.Tensor, torch.Tensor]]
     source: Path
-    """The folder the adapter was read from (`adapter/` inside a `gpt2 finetune --lora` output folder)."""
+    """The folder the adapter was read from (`adapter/` inside a `gpt2 finetune --method lora` output folder)."""
     given: str
     """The path as the caller named it: what the server shows as the adapter's root, so its answers name only
     paths the client or the command line gave."""
@@ -191,7 +191,7 @@ class LoRAAdapter:
 def read_lora_adapter(
     directory: str | os.PathLike[str], config: GPTConfig, name: str, *, max_rank: int | None = None
 ) -> LoRAAdapter:
-    """The adapter saved in `directory` (PEFT's format, or a `gpt2 finetune --lora` output folder), checked to fit
+    """The adapter saved in `directory` (PEFT's format, or a LoRA `gpt2 finetune` output folder), checked to fit
     a base model of `config`: every tensor for a layer the base has, of that layer's shape and the config's rank,
     and finite. The one reader of adapters from disk (the CLI, `LLM.load(adapters=)`, the server, the exports).
 
