@@ -5,6 +5,7 @@ started with; bad names and folders are answered 4xx naming what is wrong."""
 
 from __future__ import annotations
 
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from gpt2.inference.embedding import embed
 from gpt2.inference.lora_batch import RoutedView
 from gpt2.inference.sampling import SamplingParams
 from test_adapters import PEFT_ADAPTERS, adapters, base, merged_copy, peft_adapter, peft_greedy_ids, tiny_gpt2  # noqa: F401
-from test_serve import MODEL, running
+from test_serve import MODEL, running, wait_until
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
@@ -213,6 +214,37 @@ def test_steered_requests_with_or_without_an_adapter_run_beside_adapted_ones_eac
     assert texts[0] == llm.generate(PROMPTS[0], GREEDY, steering=steering)[0]
     assert texts[1] == llm.generate(PROMPTS[0], GREEDY, adapter="style")[0]
     assert texts[2] == llm.generate(PROMPTS[0], GREEDY, adapter="terse", steering=steering)[0]
+
+
+def test_a_seeded_sampled_request_with_adapter_steering_and_grammar_is_llm_generates_alone_and_among_8_streams(
+    llm: LLM,
+) -> None:
+    pytest.importorskip("xgrammar")
+    direction = torch.randn(llm.model.config.n_embd, generator=torch.Generator().manual_seed(5))
+    steering = [{"hook": "blocks.0.hook_resid_post", "vector": direction.tolist(), "scale": 3.0}]
+    sampled = {"max_tokens": MAX_TOKENS, "temperature": 0.9, "top_p": 0.95, "seed": 11}
+    regex = "[a-z ]+[.!]?"
+    expected = llm.generate(PROMPTS[1], SamplingParams(**sampled, regex=regex), adapter="style", steering=steering)[0]
+    body = {"model": "style", "prompt": PROMPTS[1], **sampled, "regex": regex, "steering": steering}
+
+    def request() -> str:
+        answer = httpx.post(url + "/v1/completions", json=body, timeout=120)
+        assert answer.status_code == 200, answer.text
+        return answer.json()["choices"][0]["text"]
+
+    def stream(prompt: str, model: str) -> str:
+        chunks = client(url).completions.create(model=model, prompt=prompt, max_tokens=60, temperature=0, stream=True)
+        return "".join(chunk.choices[0].text for chunk in chunks)
+
+    with running(llm) as url:
+        alone = request()
+        with ThreadPoolExecutor(9) as pool:
+            streams = [pool.submit(stream, PROMPTS[i % 3], (BASE, "style", "terse")[i % 3]) for i in range(8)]
+            wait_until(lambda: httpx.get(url + "/health").json()["active"] >= 4, "the streams decoding")
+            among = request()
+            assert all(future.result() for future in streams)
+    assert alone == among == expected
+    assert re.fullmatch(regex, expected)
 
 
 def test_gpt2_serve_names_a_bad_lora_flag_in_one_line(base: Path, tmp_path: Path, capsys) -> None:  # noqa: F811
