@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -63,3 +67,21 @@ def perturbed_tiny_gpt():
         for parameter in model.parameters():
             parameter.add_(0.1 * torch.randn_like(parameter))
     return model.eval()
+
+
+@contextmanager
+def headless_chromium(width: int = 1100, height: int = 900) -> Iterator[Any]:
+    """A real browser for the playground's tests: Debian's chromium through selenium (skipped, saying how to install
+    it, where chromedriver is missing)."""
+    webdriver = pytest.importorskip("selenium.webdriver")
+    driver_path = shutil.which("chromedriver")
+    if driver_path is None:
+        pytest.skip("chromedriver is not installed (apt-get install chromium chromium-driver)")
+    options = webdriver.ChromeOptions()
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", f"--window-size={width},{height}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver_path))
+    try:
+        yield driver
+    finally:
+        driver.quit()

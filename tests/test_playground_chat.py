@@ -10,12 +10,12 @@ What the server rendered is read where it takes effect: every SequenceRequest ha
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from conftest import headless_chromium
 from gpt2.api import LLM
 from gpt2.inference import SamplingParams
 from gpt2.serve import Engine, SequenceRequest
@@ -55,15 +55,8 @@ def base_url(llm: LLM) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    driver_path = shutil.which("chromedriver")
-    if driver_path is None:
-        pytest.skip("chromedriver is not installed (apt-get install chromium chromium-driver)")
-    options = webdriver.ChromeOptions()
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1100,900"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver_path))
-    yield driver
-    driver.quit()
+    with headless_chromium() as driver:
+        yield driver
 
 
 @pytest.fixture

@@ -6,9 +6,7 @@ a corrupt safetensors file with one line naming the file and the problem, for th
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +19,9 @@ from gpt2.cli import main
 from gpt2.inference.sampling import SamplingParams
 from gpt2.inspect.sae import SAEConfig, SparseAutoencoder, load_sae, save_sae
 from gpt2.tokenizer import ByteTokenizer
-from test_serve import STARTUP_SECONDS, save_model, tiny_gpt
+from test_serve import save_model, tiny_gpt
+from test_serve_adapter_checks import assert_one_line_naming
+from test_serve_adapter_checks import gpt2_command as run_gpt2
 
 WIDTH = 32  # tiny_gpt's n_embd
 HOOK = "blocks.1.hook_resid_pre"  # tiny_gpt has blocks 0 and 1
@@ -175,17 +175,7 @@ def test_inspect_sae_names_a_bad_sae_in_one_line(
 
 
 def gpt2_command(*args: str) -> subprocess.CompletedProcess[str]:
-    # the PyTorch layouts: what is checked here happens around the model, not in its kernels, and a process that
-    # loads the native kernels may wait on another's build of them
-    environment = {**os.environ, "PYTHONWARNINGS": "ignore", "GPT2_NATIVE_KERNELS": "0"}
-    return subprocess.run([sys.executable, "-m", "gpt2.cli", *args], capture_output=True, text=True,
-                          timeout=STARTUP_SECONDS, env=environment)  # fmt: skip
-
-
-def assert_one_line_naming(result: subprocess.CompletedProcess[str], *parts: str) -> None:
-    assert result.returncode != 0 and "Traceback" not in result.stderr
-    error = result.stderr.strip()
-    assert len(error.splitlines()) == 1 and all(part in error for part in parts), error
+    return run_gpt2(*args, native_kernels=False)
 
 
 def test_gpt2_sample_names_an_sae_of_another_width_in_one_line(model_dir: Path, good: Path, tmp_path: Path) -> None:

@@ -15,7 +15,6 @@ import json
 import math
 import os
 import random
-import shutil
 import signal
 import socket
 import subprocess
@@ -32,7 +31,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import shared_file
+from conftest import headless_chromium, shared_file
 from gpt2.api import LLM
 from gpt2.config import GPTConfig
 from gpt2.inference import SamplingParams, generate
@@ -1074,14 +1073,7 @@ def test_the_playground_streams_a_completion_in_a_real_browser(base_url: str, re
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    driver_path = shutil.which("chromedriver")
-    if driver_path is None:
-        pytest.skip("chromedriver is not installed (apt-get install chromium chromium-driver)")
-    options = webdriver.ChromeOptions()
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1100,800"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver_path))
-    try:
+    with headless_chromium(height=800) as driver:
         driver.get(base_url)
         wait = WebDriverWait(driver, WAIT_SECONDS)
         wait.until(lambda d: d.find_element(By.ID, "model").text == MODEL)
@@ -1099,8 +1091,6 @@ def test_the_playground_streams_a_completion_in_a_real_browser(base_url: str, re
         wait.until(lambda d: tip.is_displayed())
         assert "p = " in tip.text and "%" in tip.text
         driver.save_screenshot(str(tmp_path / "playground.png"))
-    finally:
-        driver.quit()
 
 
 # ------------------------------------------------------------------------------------ metrics

@@ -265,8 +265,10 @@ def test_an_error_names_the_lora_path_as_sent_not_where_a_symlink_leads(url: str
 
 
 # ------------------------------------------------------------------------------------------ the command line
-def gpt2_command(*args: str) -> subprocess.CompletedProcess[str]:
-    environment = {**os.environ, "PYTHONWARNINGS": "ignore"}
+def gpt2_command(*args: str, native_kernels: bool = True) -> subprocess.CompletedProcess[str]:
+    """`gpt2 ARGS` in a subprocess; native_kernels=False runs it on the PyTorch layouts (for what happens around
+    the model, not in its kernels: a process loading the kernels may wait on another's build of them)."""
+    environment = {**os.environ, "PYTHONWARNINGS": "ignore", **({} if native_kernels else {"GPT2_NATIVE_KERNELS": "0"})}
     return subprocess.run([sys.executable, "-m", "gpt2.cli", *args], capture_output=True, text=True,
                           timeout=STARTUP_SECONDS, env=environment)  # fmt: skip
 
