@@ -144,6 +144,18 @@ def test_transformers_peer_is_measured_in_the_same_run(capsys):
     assert record["ratio"] == pytest.approx(record["value"] / record["peer_value"], rel=1e-2)
 
 
+def test_rl_rollouts_are_measured_against_trls_generate_in_the_same_run(capsys):
+    pytest.importorskip("transformers")
+    argv = ["bench", "rl", *TINY, "--prompts", "2", "--generations", "3", "--prompt-tokens", "4", "--max-tokens", "5",
+            "--peer", "trl"]  # fmt: skip
+    assert main(argv) == 0
+    (record,) = records(capsys.readouterr().out)
+    assert (record["area"], record["name"], record["unit"], record["peer"]) == ("rl", "rollout completions/s",
+                                                                              "completions/s", "trl")  # fmt: skip
+    assert record["value"] > 0 and record["peer_value"] > 0 and len(record["values"]) == 2
+    assert record["params"]["generations"] == 3 and 1 <= record["params"]["tokens_per_completion"] <= 5
+
+
 def test_save_appends_json_lines(tmp_path, capsys):
     save = tmp_path / "runs" / "bench.jsonl"
     argv = ["bench", "eval", *TINY, "--tokens", "200", "--stride", "64", "--batch-size", "2", "--save", str(save)]

@@ -5,7 +5,7 @@ Layers, top to bottom (a module may import from lower layers and from its own su
 never sideways into another subpackage of its own layer):
 
     cli
-    finetune (fine-tuning runs on the Trainer)
+    finetune | rl (fine-tuning and reinforcement learning run on the Trainer)
     bench (measures every layer below it)
     train | serve | inspect
     api (the facade) | eval
@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("gpt2.data", "gpt2.inference", "gpt2.export"),
     ("gpt2.api", "gpt2.eval"),
     ("gpt2.train", "gpt2.serve", "gpt2.inspect"),
-    ("gpt2.finetune",),
+    ("gpt2.finetune", "gpt2.rl"),
     ("gpt2.bench",),
     ("gpt2.cli",),
 ]

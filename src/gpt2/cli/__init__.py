@@ -21,8 +21,8 @@ DISTRIBUTION = "gpt2-faithful"
 
 # module names under gpt2.cli, in the order they appear in `gpt2 --help`
 SUBCOMMAND_MODULES = (
-    "train", "finetune", "chat", "prepare", "sample", "serve", "tokenizer", "eval", "inspect", "export", "classify",
-    "bench",
+    "train", "finetune", "rl", "chat", "prepare", "sample", "serve", "tokenizer", "eval", "inspect", "export",
+    "classify", "bench",
 )  # fmt: skip
 
 

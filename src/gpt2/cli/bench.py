@@ -20,7 +20,7 @@ from typing import Any
 from gpt2.bench.record import Recorder, env_threads, environment_here
 from gpt2.bench.setup import BenchSettings
 
-AREAS = ("decode", "prefill", "serve", "train", "tokenizer", "eval", "finetune", "gpu-profile", "all")
+AREAS = ("decode", "prefill", "serve", "train", "tokenizer", "eval", "finetune", "rl", "gpu-profile", "all")
 
 
 def register(subparsers: Any) -> None:
@@ -30,7 +30,7 @@ def register(subparsers: Any) -> None:
     )  # fmt: skip
     areas = parser.add_subparsers(dest="area", metavar="AREA", required=True)
     adders = {"decode": add_decode, "prefill": add_prefill, "serve": add_serve, "train": add_train,
-              "tokenizer": add_tokenizer, "eval": add_eval, "finetune": add_finetune,
+              "tokenizer": add_tokenizer, "eval": add_eval, "finetune": add_finetune, "rl": add_rl,
               "gpu-profile": add_profile, "all": add_all}  # fmt: skip
     helps = {
         "decode": "decode tokens/s per precision and batch size; at batch 1 the weight GB/s against the read bandwidth",
@@ -40,6 +40,7 @@ def register(subparsers: Any) -> None:
         "tokenizer": "encode MB/s, BPE training time",
         "eval": "sliding-window perplexity tokens/s",
         "finetune": "fine-tuning tokens/s and memory, full and LoRA",
+        "rl": "RL rollout completions/s (GRPO groups) against TRL's generate",
         "gpu-profile": "the prepared GPU profile (train, decode, serve) into a JSON-lines file",
         "all": "a whole profile (--profile gpu)",
     }
@@ -132,6 +133,15 @@ def add_finetune(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peer", action="append", default=[], choices=["transformers", "peft"])
 
 
+def add_rl(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per batch (default 8)")
+    parser.add_argument("--generations", type=int, default=8, help="completions per prompt, G (default 8)")
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens per completion at most")
+    parser.add_argument("--max-batch", type=int, help="sequences our engine decodes at once (default: all)")
+    parser.add_argument("--peer", action="append", default=[], choices=["trl"])
+
+
 PROFILE_FILE = Path("gpu-profile.jsonl")
 
 
@@ -170,7 +180,7 @@ def names(text: str) -> tuple[str, ...]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpt2.bench import decode, evaluate, finetune, profile, serve, tokenizer, train
+    from gpt2.bench import decode, evaluate, finetune, profile, rl, serve, tokenizer, train
     from gpt2.bench.decode import parse_ints
 
     env_threads(args.threads)
@@ -214,6 +224,10 @@ def run(args: argparse.Namespace) -> int:
         finetune.run_finetune(settings, finetune.FinetuneWork(methods=names(args.methods), batch_size=args.batch_size,
                                                               block_size=args.block_size, peers=tuple(args.peer)),
                               recorder)  # fmt: skip
+    elif area == "rl":
+        rl.run_rl(settings, rl.RolloutWork(prompts=args.prompts, generations=args.generations,
+                                           prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens,
+                                           max_batch=args.max_batch, peers=tuple(args.peer)), recorder)  # fmt: skip
     else:  # gpu-profile, all --profile gpu
         profile.run_gpu_profile(settings, recorder, dry_run=args.dry_run)
     recorder.finish()
