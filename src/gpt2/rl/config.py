@@ -122,9 +122,9 @@ class RLConfig:
             key, raw = parse_override(assignment)
             bare = key.removeprefix("train.")
             if key in own:
-                mine[key] = parse_value(key, raw, hints[key])
+                mine[key] = parse_value(raw, hints[key])
             elif bare in train_hints:
-                train[bare] = parse_value(bare, raw, train_hints[bare])
+                train[bare] = parse_value(raw, train_hints[bare])
             else:
                 valid = sorted(own) + TrainConfig.field_names()
                 raise ValueError(f"unknown RL setting {key!r}; valid: {', '.join(valid)}")
