@@ -91,6 +91,7 @@ def peft_greedy_ids(base: Path, adapter: Path | None, prompt_ids: list[int], ste
     return out[0, len(prompt_ids) :].tolist()
 
 
+@pytest.mark.slow
 def test_one_mixed_batch_decodes_each_prompt_as_its_merged_fine_tune_and_peft(
     base: Path, adapters: dict[str, Path], tmp_path: Path, gpt2_bpe_dir: Path
 ) -> None:
@@ -108,6 +109,7 @@ def test_one_mixed_batch_decodes_each_prompt_as_its_merged_fine_tune_and_peft(
     assert llm.generate(PROMPTS, GREEDY) != texts
 
 
+@pytest.mark.slow
 def test_mixed_batch_tokens_equal_transformers_with_peft_token_for_token(base: Path, adapters: dict[str, Path]) -> None:
     llm = LLM.load(base, device="cpu", precision="float32", adapters=adapters)
     prompt_ids = [llm.tokenizer.encode(prompt) for prompt in PROMPTS]
@@ -187,6 +189,7 @@ def test_the_same_name_twice_is_refused(base: Path, adapters: dict[str, Path]) -
         llm.adapters.add("style", adapters["terse"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("width", "depth", "message"),
     [(32, 2, "lora_A \\(2, 32\\).*needs \\(2, 64\\).*another base model"),
@@ -232,6 +235,7 @@ def test_missing_tensors_are_refused(base: Path, adapters: dict[str, Path], tmp_
 
 
 # ------------------------------------------------------------------------------------------ command line
+@pytest.mark.slow
 def test_gpt2_sample_decodes_with_an_adapter(base: Path, adapters: dict[str, Path], capsys) -> None:
     from gpt2.cli import main
 

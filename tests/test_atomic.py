@@ -29,6 +29,7 @@ def leftovers(path: Path) -> list[str]:
     return sorted(p.name for p in path.parent.iterdir() if p.name.startswith(f".{path.name}."))
 
 
+@pytest.mark.slow
 def test_a_killed_write_leaves_one_temporary_that_the_next_write_removes(tmp_path):
     target = tmp_path / "model.gguf"
     done = run_python(f"""
@@ -44,6 +45,7 @@ def test_a_killed_write_leaves_one_temporary_that_the_next_write_removes(tmp_pat
     assert target.read_bytes() == b"a whole file" and leftovers(target) == []
 
 
+@pytest.mark.slow
 def test_a_killed_directory_write_is_removed_by_the_next_one(tmp_path):
     target = tmp_path / "export"
     done = run_python(f"""
@@ -76,6 +78,7 @@ def test_temporaries_are_named_for_the_path_and_the_writer(tmp_path):
     assert name.startswith(".x.safetensors.") and name.endswith(".tmp") and f"-{os.getpid()}." in name
 
 
+@pytest.mark.slow
 def test_a_native_kernel_build_killed_mid_build_does_not_block_the_next(tmp_path):
     # torch's builder waits forever while its `lock` file exists; a builder killed mid-build leaves one.
     from gpt2.cpu import kernels

@@ -171,6 +171,7 @@ def readme_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpt2_bpe_dir:
     return tmp_path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [c for c in readme_commands() if shlex.split(c)[1] not in PARSED_ONLY])
 def test_every_offline_readme_command_runs_as_printed(command: str, readme_folder: Path, capsys) -> None:
     status = main(shlex.split(command)[1:])

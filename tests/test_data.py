@@ -460,6 +460,7 @@ def test_load_split_verify_checks_sha256(prepared):
 # ------------------------------------------------------------------------------------------------ CLI
 
 
+@pytest.mark.slow
 def test_cli_prepare_handles_invalid_bytes_empty_files_and_a_5mb_line(tmp_path, gpt2_tokenizer, gpt2_bpe_dir, capsys):
     huge = random_words(1_200_000, seed=4)[:5_000_000]  # one 5 MB line, no newline
     write(tmp_path / "corpus" / "a.txt", "A short document.\n")
@@ -702,6 +703,7 @@ def test_stdlib_corpus_cut_keeps_the_first_file_even_when_it_alone_is_larger(tmp
         stdlib_files(max_bytes=0, root=tmp_path)
 
 
+@pytest.mark.slow
 def test_cli_prepare_tells_of_invalid_utf8_in_one_clean_line(tmp_path):
     # as a user sees it: no Python warning format (no source path, no echoed line of our code)
     write(tmp_path / "bad.txt", b"caf\xe9 and \xff\xfe done\n" * 50)

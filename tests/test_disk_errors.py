@@ -86,6 +86,7 @@ def test_a_write_that_loses_its_errno_on_a_full_disk_is_no_space(disk: Path):
     assert sorted(path.name for path in disk.iterdir()) == ["filler"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("format", ["gguf", "llmc", "hf", "onnx"])
 def test_export_on_a_full_disk_keeps_the_earlier_output(format, disk, model, capsys):
     if format == "onnx":
@@ -134,6 +135,7 @@ def test_export_llmc_refuses_to_replace_the_tokenizer_file_beside_it(tmp_path, m
     assert not (tmp_path / "m.bin").exists()
 
 
+@pytest.mark.slow
 def test_export_into_an_empty_folder_needs_no_overwrite(tmp_path, model):
     (tmp_path / "hf").mkdir()
     assert main(["export", "--model", str(model), "--format", "hf", "--out", str(tmp_path / "hf")]) == 0
@@ -192,6 +194,7 @@ def test_finetune_into_a_read_only_disk_is_one_line(disk, tmp_path, model, capsy
     one_line_error(capsys, "finetune", str(out), "the filesystem is read-only")
 
 
+@pytest.mark.slow
 def test_inspect_and_eval_out_on_a_read_only_disk_are_one_line(disk, tmp_path, model, capsys):
     text = tmp_path / "text.txt"
     text.write_text("the cat sat on the mat. " * 20)

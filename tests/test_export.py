@@ -117,6 +117,7 @@ def test_gguf_has_the_metadata_and_tokenizer_llamacpp_converter_writes(gguf_tiny
     assert ours["tokenizer.ggml.eos_token_id"] == 50256
 
 
+@pytest.mark.slow
 def test_gguf_f32_tensors_equal_llamacpp_converter_output(gguf, gguf_tiny, tiny_gguf):
     _, ours = read_gguf(tiny_gguf("f32"))
     _, theirs = read_gguf(gguf_tiny / "model-f32.gguf")
@@ -128,6 +129,7 @@ def test_gguf_f32_tensors_equal_llamacpp_converter_output(gguf, gguf_tiny, tiny_
         assert np.array_equal(np.asarray(ours[name].data), np.asarray(reference.data)), name
 
 
+@pytest.mark.slow
 def test_gguf_q8_0_tensors_match_llamacpp_converter_output(gguf, gguf_tiny, tiny_gguf):
     _, ours = read_gguf(tiny_gguf("q8_0"))
     _, theirs = read_gguf(gguf_tiny / "model-q8_0.gguf")

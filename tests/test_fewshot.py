@@ -330,6 +330,7 @@ def test_gpt2_eval_lambada_fewshot_scores_as_the_harness(
 
 
 # ------------------------------------------------------------------------------------ the command
+@pytest.mark.slow
 def test_gpt2_eval_choice_with_num_fewshot(
     model_dir: Path, files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -195,6 +195,7 @@ def test_finetune_lowers_val_loss_and_transformers_loads_the_result(
     assert [r["step"] for r in records if "val_loss" in r] == [0, 4, 8, 12]
 
 
+@pytest.mark.slow
 def test_gpt2_finetune_cli_then_gpt2_sample(pretrained: Path, text_file: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "out"
     args = ["finetune", "--model", str(pretrained), "--data", str(text_file), "--out", str(out), "--no-progress"]
@@ -222,6 +223,7 @@ def test_gpt2_finetune_cli_then_gpt2_sample(pretrained: Path, text_file: Path, t
     )
 
 
+@pytest.mark.slow
 def test_resume_of_a_finetune_is_exact(pretrained: Path, text_file: Path, tmp_path: Path) -> None:
     whole = finetune(small_run(pretrained, text_file, tmp_path / "whole", dropout=0.1))
     finetune(small_run(pretrained, text_file, tmp_path / "split", dropout=0.1), stop_at_step=6)
@@ -319,6 +321,7 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_130_then_resume_finishes(
     assert (out / "model.safetensors").is_file() and not resumed.interrupted
 
 
+@pytest.mark.slow
 def test_early_stopping_stops_after_patience_evaluations(pretrained: Path, text_file: Path, tmp_path: Path) -> None:
     # a learning rate of ~0 never improves the val loss, so the run stops after `patience` evaluations
     config = small_run(pretrained, text_file, tmp_path / "out", learning_rate=1e-12, eval_interval=1, patience=2)
@@ -326,6 +329,7 @@ def test_early_stopping_stops_after_patience_evaluations(pretrained: Path, text_
     assert result.stopped_early and result.step == 2
 
 
+@pytest.mark.slow
 def test_an_earlier_run_is_refused_unless_resume_or_overwrite(
     pretrained: Path, text_file: Path, tmp_path: Path
 ) -> None:
@@ -337,6 +341,7 @@ def test_an_earlier_run_is_refused_unless_resume_or_overwrite(
     assert again.step == 2 and [p.name for p in out.joinpath("checkpoints").glob("step_*")] == ["step_00000002"]
 
 
+@pytest.mark.slow
 def test_a_run_killed_before_its_first_checkpoint_restarts_in_place(
     pretrained: Path, text_file: Path, tmp_path: Path
 ) -> None:
@@ -418,6 +423,7 @@ def classify_run(model: Path, data: Path, out: Path, **changes) -> FinetuneConfi
     return small_run(model, data, out, **{**values, **changes})
 
 
+@pytest.mark.slow
 def test_classification_finetune_learns_the_task_and_transformers_loads_it(
     pretrained: Path, labelled_file: Path, tmp_path: Path
 ) -> None:
@@ -439,6 +445,7 @@ def test_classification_finetune_learns_the_task_and_transformers_loads_it(
     assert [p.label for p in classify_texts(out, ["the my apple", "a one zebra"])] == ["fruit", "animal"]
 
 
+@pytest.mark.slow
 def test_gpt2_finetune_task_classification_then_gpt2_classify(
     pretrained: Path, labelled_file: Path, tmp_path: Path, capsys
 ) -> None:
@@ -523,6 +530,7 @@ def test_a_run_beyond_the_memory_budget_is_refused_in_one_line_and_nothing_is_wr
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_batch_size_auto_keeps_the_global_batch_with_gradient_accumulation(
     pretrained: Path, text_file: Path, tmp_path: Path
 ) -> None:
@@ -536,6 +544,7 @@ def test_batch_size_auto_keeps_the_global_batch_with_gradient_accumulation(
     assert result.batch_size * result.grad_accum_steps == 8
 
 
+@pytest.mark.slow
 def test_activation_checkpointing_setting_reaches_the_model(pretrained: Path, text_file: Path, tmp_path: Path) -> None:
     seen = []
     original = Trainer.train_step

@@ -204,6 +204,7 @@ def full_vocabulary_draw(
     return draw(torch.softmax(scaled, dim=-1), torch.Generator().manual_seed(seed))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("temperature", "top_k", "top_p"), [(0.8, 50, None), (1.3, 5, 0.7), (0.5, 400, 0.95)])
 def test_top_k_draws_are_those_of_the_whole_vocabulary_computation(
     temperature: float, top_k: int, top_p: float | None
@@ -449,6 +450,7 @@ def test_stream_text_with_gpt2_bpe_equals_decode(gpt2_bpe_dir: Path) -> None:
     assert all("\ufffd" not in piece for piece in pieces)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(st.text(min_size=1, max_size=30))
 def test_stream_text_pieces_concatenate_to_the_decoded_text(text: str) -> None:
@@ -727,6 +729,7 @@ EXTREME = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(
     rows=st.lists(st.lists(EXTREME, min_size=1, max_size=12), min_size=1, max_size=4).filter(

@@ -48,6 +48,7 @@ def test_an_f32_gguf_computes_the_logits_of_its_hf_copy(gguf_tiny: Path) -> None
     torch.testing.assert_close(ours, hf_logits(gguf_tiny / "hf", ids), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_q8_0_gguf_gives_each_weight_as_q8_0_rounds_it(gguf_tiny: Path) -> None:
     # q8_0: blocks of 32 values along the input, a float16 scale absmax / 127 each, values rounded to int8;
     # the reference is gguf's own numpy port of llama.cpp's quantizer, run on the HF copy's weights.

@@ -40,6 +40,7 @@ def q4_file(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_q4_0_file_is_what_llamacpps_reader_expects(q4_file):
     reader = gguf.GGUFReader(q4_file)
     assert reader.fields["general.file_type"].contents() == int(gguf.LlamaFileType.MOSTLY_Q4_0)
@@ -49,6 +50,7 @@ def test_q4_0_file_is_what_llamacpps_reader_expects(q4_file):
     assert types["position_embd.weight"] == types["blk.0.attn_norm.weight"] == Q.F32
 
 
+@pytest.mark.slow
 def test_q4_0_logits_stay_near_the_float_models(q4_file, model_dir):
     ids = torch.tensor([[464, 3797, 3332, 319, 262, 2603]])
     with torch.no_grad():
@@ -150,6 +152,7 @@ def q4_k_file(wide_model_dir: Path) -> Path:
     return export(wide_model_dir, wide_model_dir.parent / "wide-q4_k.gguf", "q4_k")
 
 
+@pytest.mark.slow
 def test_q4_k_file_is_what_llamacpps_reader_expects(q4_k_file):
     reader = gguf.GGUFReader(q4_k_file)
     assert reader.fields["general.file_type"].contents() == int(gguf.LlamaFileType.MOSTLY_Q4_K_S)
@@ -161,6 +164,7 @@ def test_q4_k_file_is_what_llamacpps_reader_expects(q4_k_file):
     assert types["position_embd.weight"] == types["blk.0.attn_norm.weight"] == types["blk.0.attn_qkv.bias"] == Q.F32
 
 
+@pytest.mark.slow
 def test_q4_k_logits_stay_near_the_float_models_and_nearer_than_q4_0s(q4_k_file, wide_model_dir):
     ids = torch.tensor([[464, 3797, 3332, 319, 262, 2603]])
     q4_0_file = export(wide_model_dir, wide_model_dir.parent / "wide-q4_0.gguf", "q4_0")
@@ -179,6 +183,7 @@ def tiny_q4_k_file(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     return export(model_dir, tmp_path_factory.mktemp("q4_k") / "tiny-q4_k.gguf", "q4_k")
 
 
+@pytest.mark.slow
 def test_q4_k_rows_not_whole_super_blocks_fall_back_to_q5_0_as_llama_quantize_does(model_dir, tiny_q4_k_file):
     out = tiny_q4_k_file
     types = {tensor.name: tensor.tensor_type for tensor in gguf.GGUFReader(out).tensors}

@@ -325,6 +325,7 @@ def byte_tokenizer():
     return load_tokenizer("bytes")
 
 
+@pytest.mark.slow
 def test_attention_png_and_html_are_written(model: GPT, byte_tokenizer, tmp_path: Path) -> None:
     png = attention_picture(model, byte_tokenizer, "The cat sat.", tmp_path / "attention.png", layer=1)
     assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
@@ -382,6 +383,7 @@ def model_dir(model: GPT, byte_tokenizer, tmp_path: Path) -> Path:
     return tmp_path / "model"
 
 
+@pytest.mark.slow
 def test_cli_writes_attention_and_logit_lens(model_dir: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "pictures"
     common = ["--model", str(model_dir), "--prompt", "To be or not", "--device", "cpu"]

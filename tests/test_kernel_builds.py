@@ -47,6 +47,7 @@ AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx2", "fma", "f16c"}
 AVX2 = {"avx", "avx2", "fma", "f16c"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("switch", "flags", "expected"),
     [

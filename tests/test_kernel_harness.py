@@ -135,6 +135,7 @@ def first_difference(ours: list[str], reference: list[str]) -> str:
     return f"value {index}: {ours[index]}, the reference {reference[index]}"
 
 
+@pytest.mark.slow
 def test_each_build_runs_its_own_header(vector: Build, portable: dict[str, Line]) -> None:
     assert (vector.lines["NAME"].values, vector.lines["W"].values) == ([vector.isa], [LANES[vector.isa]])
     assert (portable["NAME"].values, portable["W"].values) == (["portable"], ["1"])

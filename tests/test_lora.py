@@ -91,6 +91,7 @@ def test_we_load_an_adapter_made_by_peft(pretrained: Path, tmp_path: Path) -> No
     torch.testing.assert_close(logits(model), logits(theirs), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_lora_finetune_writes_the_adapter_and_the_merged_model(
     pretrained: Path, tmp_path: Path, gpt2_bpe_dir: Path
 ) -> None:

@@ -89,6 +89,7 @@ def test_the_estimate_is_within_20_percent_of_measured_peak_rss(config, activati
 
 
 # ---------------------------------------------------------------------------------------------- the estimate
+@pytest.mark.slow
 def test_parameter_count_is_the_models():
     for config in (GPT2, SMALL, GPTConfig.from_name("gpt2-tiny", bias=False)):
         assert parameter_count(config) == GPT(config).num_parameters()

@@ -20,6 +20,7 @@ def tiny_model(**overrides) -> GPT:
 
 
 # ------------------------------------------------------------------------------------ config
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name, expected",
     [("gpt2", 124_439_808), ("gpt2-medium", 354_823_168), ("gpt2-large", 774_030_080), ("gpt2-xl", 1_557_611_200)],

@@ -125,6 +125,7 @@ def test_an_sae_trained_here_loads_in_saelens_with_the_same_activations(
         torch.testing.assert_close(sae(x), theirs.decode(theirs.encode(x)), atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_training_lowers_the_reconstruction_error(model: GPT, corpus: Path) -> None:
     idx = torch.randint(0, VOCAB, (2, 32), generator=torch.Generator().manual_seed(5))
     errors = []

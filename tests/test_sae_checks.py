@@ -178,6 +178,7 @@ def gpt2_command(*args: str) -> subprocess.CompletedProcess[str]:
     return run_gpt2(*args, native_kernels=False)
 
 
+@pytest.mark.slow
 def test_gpt2_sample_names_an_sae_of_another_width_in_one_line(model_dir: Path, good: Path, tmp_path: Path) -> None:
     folder = broken(good, tmp_path / "wide", "another width")
     steer = tmp_path / "steer.json"
@@ -188,6 +189,7 @@ def test_gpt2_sample_names_an_sae_of_another_width_in_one_line(model_dir: Path, 
     assert not result.stdout  # nothing echoed before the refusal
 
 
+@pytest.mark.slow
 def test_gpt2_inspect_sae_names_a_truncated_weights_file_in_one_line(
     model_dir: Path, good: Path, tmp_path: Path
 ) -> None:
@@ -197,12 +199,14 @@ def test_gpt2_inspect_sae_names_a_truncated_weights_file_in_one_line(
     assert_one_line_naming(result, str(folder / WEIGHTS), "not a readable safetensors file")
 
 
+@pytest.mark.slow
 def test_gpt2_serve_refuses_an_sae_past_the_last_block_at_start(model_dir: Path, good: Path, tmp_path: Path) -> None:
     folder = broken(good, tmp_path / "deep", "a hook past the last block")
     result = gpt2_command("serve", str(model_dir), "--sae", f"deep={folder}", "--port", "0")
     assert_one_line_naming(result, f"--sae deep={folder}", MISFITS["a hook past the last block"][0])
 
 
+@pytest.mark.slow
 def test_gpt2_serve_names_a_config_of_1e999_in_one_line(model_dir: Path, good: Path, tmp_path: Path) -> None:
     folder = broken(good, tmp_path / "huge", "d_in 1e999")
     result = gpt2_command("serve", str(model_dir), "--sae", f"huge={folder}", "--port", "0")

@@ -209,6 +209,7 @@ def tiny(tmp_path: Path, data: Path, **overrides) -> TrainConfig:
     return TrainConfig.from_dict(values)
 
 
+@pytest.mark.slow
 def test_training_on_many_shards_matches_training_on_one(tmp_path):
     stream = np.frombuffer(words(3000, seed=5).encode("utf-8"), dtype=np.uint8).astype(np.uint16)
     cuts = list(range(997, len(stream), 997))
@@ -219,6 +220,7 @@ def test_training_on_many_shards_matches_training_on_one(tmp_path):
     assert many.losses == one.losses and many.val_losses == one.val_losses
 
 
+@pytest.mark.slow
 def test_activation_checkpointing_option_trains_to_the_same_losses(tmp_path):
     folder = tmp_path / "data"
     stream = np.frombuffer(words(2000, seed=6).encode("utf-8"), dtype=np.uint8).astype(np.uint16)
@@ -295,6 +297,7 @@ def test_prepare_interrupted_twice_resumes_from_the_later_point(tmp_path, refere
     assert folder_bytes(out) == folder_bytes(expected)
 
 
+@pytest.mark.slow
 def test_prepare_killed_after_the_first_shard_resumes_to_the_same_bytes(tmp_path, reference):
     corpus, expected, _ = reference
     out = tmp_path / "out"

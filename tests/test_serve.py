@@ -471,6 +471,7 @@ def bpe_url(bpe_model_dir: Path) -> Iterator[tuple[str, LLM]]:
         yield url, LLM.load(bpe_model_dir)
 
 
+@pytest.mark.slow
 def test_echo_logprobs_equal_the_offline_scorer(bpe_url: tuple[str, LLM]) -> None:
     from gpt2.eval import encode_pair, score_continuations
 
@@ -507,6 +508,7 @@ LM_EVAL_DOCS = [  # contexts ending in whitespace too: the harness moves it into
 ]
 
 
+@pytest.mark.slow
 def test_lm_evaluation_harness_local_completions_scores_as_offline(
     bpe_url: tuple[str, LLM], bpe_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -689,6 +691,7 @@ def test_chat_logprobs_give_each_tokens_bytes_and_alternatives(client: Any) -> N
 
 
 # ------------------------------------------------------------------------------------ under load
+@pytest.mark.slow
 def test_16_concurrent_clients_each_get_the_answer_they_get_alone(
     client: Any, base_url: str, reference: LLM, gate: StepGate
 ) -> None:
@@ -817,6 +820,7 @@ def test_the_api_key_is_required_when_set(llm: LLM) -> None:
     assert missing.json()["error"]["type"] == "authentication_error" and alive.status_code == 200
 
 
+@pytest.mark.slow
 def test_a_full_queue_answers_429_with_retry_after(llm: LLM, gate: StepGate) -> None:
     with running(llm, max_batch=1, max_queue=1, retry_after_seconds=3) as url:
         body = {"model": MODEL, "prompt": "x", "max_tokens": 5}
@@ -956,6 +960,7 @@ def test_a_streaming_client_that_disconnects_frees_its_row(llm: LLM, gate: StepG
         assert gate.steps_until(lambda: health(url)["active"] == 0) < 50  # far fewer than the 100 tokens asked for
 
 
+@pytest.mark.slow
 def test_a_queued_stream_whose_client_leaves_is_dropped_before_it_takes_a_row(llm: LLM, gate: StepGate) -> None:
     with running(llm, max_batch=1) as url, ThreadPoolExecutor(1) as pool:
         holder = pool.submit(post, url, {"model": MODEL, "prompt": "first", "max_tokens": 3})
@@ -972,6 +977,7 @@ def test_a_queued_stream_whose_client_leaves_is_dropped_before_it_takes_a_row(ll
         assert holder.result().status_code == 200
 
 
+@pytest.mark.slow
 def test_a_plain_request_whose_client_goes_away_is_cancelled(llm: LLM, gate: StepGate) -> None:
     with running(llm, max_batch=1) as url:
         body = {"model": MODEL, "prompt": "bye", "max_tokens": 100}
@@ -980,6 +986,7 @@ def test_a_plain_request_whose_client_goes_away_is_cancelled(llm: LLM, gate: Ste
         assert gate.steps_until(lambda: health(url)["active"] == 0) < 50  # far fewer than the 100 tokens asked for
 
 
+@pytest.mark.slow
 def test_sigterm_lets_the_stream_in_flight_finish_then_exits_0(tmp_path: Path) -> None:
     directory = save_model(tmp_path / "model", tiny_gpt(block_size=1024), ByteTokenizer())
     port = free_port()
@@ -1150,6 +1157,7 @@ def test_on_passing_thread_raises_the_functions_error_in_the_caller() -> None:
         on_passing_thread(load)
 
 
+@pytest.mark.slow
 def test_serve_keeps_the_loaded_process_out_of_later_garbage_collections(
     llm: LLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -146,6 +146,7 @@ def test_a_config_without_use_rslora_or_lora_alpha_takes_peft_defaults(base: Pat
 
 
 # ------------------------------------------------------------------------------------------ the server at run time
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(BROKEN))
 def test_a_run_time_load_that_fails_a_check_is_a_400_and_registers_nothing(
     url: str, good: Path, tmp_path: Path, case: str
@@ -180,6 +181,7 @@ def test_a_load_past_max_cpu_loras_is_a_400_saying_so(served: LLM, good: Path) -
         assert set(listed(address)) == {MODEL, "good", "second"}
 
 
+@pytest.mark.slow
 def test_300_run_time_loads_against_max_cpu_loras_keep_the_number_of_adapters_held_bounded(
     served: LLM, good: Path
 ) -> None:
@@ -279,23 +281,27 @@ def assert_one_line_naming(result: subprocess.CompletedProcess[str], *parts: str
     assert len(error.splitlines()) == 1 and all(part in error for part in parts), error
 
 
+@pytest.mark.slow
 def test_gpt2_sample_names_a_malformed_adapter_config_in_one_line(base: Path, good: Path, tmp_path: Path) -> None:
     folder = broken_copy(good, tmp_path / "broken", "r 8.9")
     result = gpt2_command("sample", "--model", str(base), "--prompt", "x", "--adapter", f"broken={folder}")
     assert_one_line_naming(result, str(folder / CONFIG), "r must be a positive integer")
 
 
+@pytest.mark.slow
 def test_gpt2_serve_names_an_adapter_with_nan_weights_in_one_line(base: Path, good: Path, tmp_path: Path) -> None:
     folder = broken_copy(good, tmp_path / "broken", "nan")
     result = gpt2_command("serve", str(base), "--lora", f"broken={folder}", "--port", "0")
     assert_one_line_naming(result, str(folder / WEIGHTS), "NaN or infinite")
 
 
+@pytest.mark.slow
 def test_gpt2_serve_names_a_lora_rank_past_max_lora_rank_in_one_line(base: Path, good: Path) -> None:
     result = gpt2_command("serve", str(base), "--lora", f"good={good}", "--max-lora-rank", "2", "--port", "0")
     assert_one_line_naming(result, "'good'", "--max-lora-rank 2")
 
 
+@pytest.mark.slow
 def test_gpt2_export_gguf_lora_names_a_corrupt_safetensors_file_in_one_line(
     base: Path, good: Path, tmp_path: Path
 ) -> None:
@@ -307,6 +313,7 @@ def test_gpt2_export_gguf_lora_names_a_corrupt_safetensors_file_in_one_line(
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_gpt2_export_merging_an_adapter_names_a_non_boolean_use_rslora_in_one_line(
     base: Path, good: Path, tmp_path: Path
 ) -> None:

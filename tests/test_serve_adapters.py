@@ -52,6 +52,7 @@ def llm(base: Path, adapters: dict[str, Path]) -> LLM:  # noqa: F811
     return LLM.load(base, device="cpu", precision="float32", adapters=adapters)
 
 
+@pytest.mark.slow
 def test_requests_for_every_adapter_and_the_base_decode_in_one_batch_as_merged_fine_tunes_and_peft(
     llm: LLM,
     base: Path,  # noqa: F811
@@ -101,6 +102,7 @@ def test_models_lists_the_base_and_each_adapter_with_the_base_as_parent(llm: LLM
     assert style.id == "style" and style.model_extra["parent"] == BASE
 
 
+@pytest.mark.slow
 def test_an_unknown_model_is_a_404_naming_the_base_and_the_adapters(llm: LLM) -> None:
     with running(llm) as url:
         with pytest.raises(openai.NotFoundError) as caught:
@@ -117,6 +119,7 @@ def test_an_unknown_model_is_a_404_naming_the_base_and_the_adapters(llm: LLM) ->
     assert not torch.allclose(vector, embed(llm.model, ids)[0], atol=1e-3)  # the adapter's, not the base's
 
 
+@pytest.mark.slow
 def test_the_prefix_cache_keys_an_adapters_prompts_apart_from_the_bases(llm: LLM) -> None:
     prompt = "One two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen"
     with running(llm) as url:
@@ -129,6 +132,7 @@ def test_the_prefix_cache_keys_an_adapters_prompts_apart_from_the_bases(llm: LLM
     assert first == again == llm.generate(prompt, GREEDY, adapter="style")[0] != base_text
 
 
+@pytest.mark.slow
 def test_adapters_load_and_unload_under_load_and_a_running_request_keeps_its_adapter(
     base: Path,  # noqa: F811
     adapters: dict[str, Path],  # noqa: F811
@@ -173,6 +177,7 @@ def test_adapters_load_and_unload_under_load_and_a_running_request_keeps_its_ada
     assert unknown.status_code == 404 and "'style'" in unknown.json()["error"]["message"]
 
 
+@pytest.mark.slow
 def test_an_adapter_for_another_base_is_a_400_at_load(
     base: Path,  # noqa: F811
     adapters: dict[str, Path],  # noqa: F811
@@ -188,6 +193,7 @@ def test_an_adapter_for_another_base_is_a_400_at_load(
     assert models == {BASE}
 
 
+@pytest.mark.slow
 def test_loading_at_run_time_is_off_unless_the_server_allows_it(llm: LLM, adapters: dict[str, Path]) -> None:  # noqa: F811
     with running(llm) as url:
         load = httpx.post(url + "/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": str(adapters["style"])})
@@ -198,6 +204,7 @@ def test_loading_at_run_time_is_off_unless_the_server_allows_it(llm: LLM, adapte
     assert still.model == "style"
 
 
+@pytest.mark.slow
 def test_steered_requests_with_or_without_an_adapter_run_beside_adapted_ones_each_as_offline(llm: LLM) -> None:
     direction = torch.randn(llm.model.config.n_embd, generator=torch.Generator().manual_seed(3))
     steering = [{"hook": "blocks.1.hook_resid_pre", "vector": direction.tolist(), "scale": 6.0}]
@@ -253,6 +260,7 @@ def test_gpt2_serve_names_a_bad_lora_flag_in_one_line(base: Path, tmp_path: Path
     assert len(error.splitlines()) == 1 and "nowhere" in error and "adapter_config.json" in error
 
 
+@pytest.mark.slow
 def test_long_prompts_prefilled_in_chunks_and_scored_prompts_take_their_adapter(llm: LLM) -> None:
     prompt = " ".join(["The quick brown fox jumps over the lazy dog."] * 4)  # 44 tokens: chunks of 8
     ids = llm.tokenizer.encode(prompt)

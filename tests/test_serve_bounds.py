@@ -89,6 +89,7 @@ NUMERIC_FIELDS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 @pytest.mark.parametrize("field", [name for name, _ in NUMERIC_FIELDS])
 @pytest.mark.parametrize(
@@ -240,6 +241,7 @@ def body_text(path: str, change: Any, steer: Any) -> str:
     return text
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(case=bodies)
 def test_no_body_answers_a_server_error(http, case):

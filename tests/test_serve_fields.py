@@ -205,6 +205,7 @@ def running(model_dir: Path, **settings: Any) -> Iterator[int]:
         sock.close()
 
 
+@pytest.mark.slow
 def test_a_client_dropping_its_body_logs_no_traceback(model_dir, caplog):
     """A real socket: headers promising 1000 bytes, half a body, then the connection closes."""
     with running(model_dir) as port, caplog.at_level(logging.INFO):
@@ -219,6 +220,7 @@ def test_a_client_dropping_its_body_logs_no_traceback(model_dir, caplog):
     assert not [record for record in caplog.records if record.exc_info], caplog.text
 
 
+@pytest.mark.slow
 def test_a_client_sending_its_headers_slowly_is_disconnected(model_dir):
     """Headers begun and never finished: the server closes the connection past --header-timeout, while a client
     that sends its request whole is answered."""

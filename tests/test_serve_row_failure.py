@@ -104,6 +104,7 @@ def error_of(answer: httpx.Response) -> str:
     return answer.json()["error"]["message"]
 
 
+@pytest.mark.slow
 def test_failing_requests_end_alone_while_four_streams_decode_as_they_do_alone(
     llm: LLM, good: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -143,6 +144,7 @@ def test_failing_requests_end_alone_while_four_streams_decode_as_they_do_alone(
         assert stream_text(client, PLAIN[0][0], **PLAIN[0][1]) == alone[0]  # a new request after them
 
 
+@pytest.mark.slow
 def test_a_request_seated_where_a_failed_row_was_decodes_as_it_does_alone(
     llm: LLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -190,6 +192,7 @@ class FailingDictionary:
         return x
 
 
+@pytest.mark.slow
 def test_a_stream_failing_after_its_first_tokens_ends_with_an_error_chunk_and_its_batch_mates_go_on(
     llm: LLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -123,6 +123,7 @@ def test_seeded_sampling_with_speculation_is_reproducible_and_ends_at_max_tokens
     assert runs[0] == runs[1] and len(runs[0]) == 25
 
 
+@pytest.mark.slow
 def test_gpt2_serve_takes_the_speculation_flags_of_gpt2_sample() -> None:
     pytest.importorskip("fastapi")
     from gpt2.serve import create_app
@@ -158,6 +159,7 @@ def scrape(client: Any) -> dict[str, float]:
     return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["lookup", "draft"])
 def test_the_server_speculating_at_tiny_temperatures_gives_plain_greedy_text(kind: str) -> None:
     pytest.importorskip("fastapi")
@@ -181,6 +183,7 @@ def test_the_server_speculating_at_tiny_temperatures_gives_plain_greedy_text(kin
     )
 
 
+@pytest.mark.slow
 def test_the_metrics_count_drafted_and_accepted_tokens() -> None:
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
@@ -201,6 +204,7 @@ def test_the_metrics_count_drafted_and_accepted_tokens() -> None:
     assert stats.verifications + stats.accepted == 29
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["lookup", "draft"])
 def test_a_seeded_sampled_request_gives_the_same_text_alone_and_under_load(kind: str) -> None:
     """Through a speculating server: alone, and while other requests stream, the text is LLM.generate's with the

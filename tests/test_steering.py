@@ -203,6 +203,7 @@ def complete(url: str, prompt: str, steering: list | None = None, max_tokens: in
     return httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()
 
 
+@pytest.mark.slow
 def test_the_server_steers_each_request_as_offline_and_leaves_plain_ones_as_unsteered(served, monkeypatch) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
@@ -242,6 +243,7 @@ def test_the_server_steers_each_request_as_offline_and_leaves_plain_ones_as_unst
             assert text != plain_alone[prompt]
 
 
+@pytest.mark.slow
 def test_the_prefix_cache_never_crosses_steered_and_plain_prompts(served) -> None:
     url, offline = served
     prompt = "A shared prompt, long enough to fill blocks of the prefix cache: "
@@ -254,6 +256,7 @@ def test_the_prefix_cache_never_crosses_steered_and_plain_prompts(served) -> Non
         assert complete(url, prompt, steering)["choices"][0]["text"] == steered
 
 
+@pytest.mark.slow
 def test_a_malformed_steering_field_is_a_400_naming_it(served) -> None:
     import httpx
 

@@ -53,6 +53,7 @@ def llm(tokenizer: TextTokenizer) -> LLM:
     return LLM(model, tokenizer, torch.device("cpu"))
 
 
+@pytest.mark.slow
 def test_every_output_under_a_json_schema_validates(llm: LLM) -> None:
     params = SamplingParams(max_tokens=120, json_schema=SCHEMA, seed=0, n=8)
     for text in llm.generate("The user:", params):
@@ -119,6 +120,7 @@ def test_invalid_grammars_are_one_line_value_errors(tokenizer: TextTokenizer, fi
 
 
 # ------------------------------------------------------------------------------------ the server
+@pytest.mark.slow
 def test_the_openai_clients_response_format_works_against_gpt2_serve(llm: LLM) -> None:
     openai = pytest.importorskip("openai")
     httpx = pytest.importorskip("httpx")
@@ -156,6 +158,7 @@ def deep_schema(depth: int) -> dict:
     return schema
 
 
+@pytest.mark.slow
 def test_a_short_request_completes_while_another_requests_grammar_compiles(
     llm: LLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -188,6 +191,7 @@ def test_a_short_request_completes_while_another_requests_grammar_compiles(
         max_tokens=120, seed=1, json_schema=SCHEMA))[0]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_grammar_past_the_compile_limit_is_a_400_naming_the_limit(llm: LLM) -> None:
     httpx = pytest.importorskip("httpx")
     from test_serve import MODEL, WAIT_SECONDS, running

@@ -125,6 +125,7 @@ def test_empty_string_encodes_to_nothing(gpt2_tok: Tokenizer) -> None:
 # ---------------------------------------------------------------------------------- exact ids vs references
 
 
+@pytest.mark.slow
 def test_same_ids_as_transformers_on_tinyshakespeare(gpt2_tok, hf_reference, shakespeare_text) -> None:
     assert gpt2_tok.encode(shakespeare_text) == hf_reference.encode(shakespeare_text)
 
@@ -142,6 +143,7 @@ def test_same_ids_as_all_references_on_edge_cases(gpt2_tok, hf_reference, tiktok
     assert gpt2_tok.decode(ids) == text
 
 
+@pytest.mark.slow
 def test_reference_agrees_on_tinyshakespeare(gpt2_tok, reference, shakespeare_text) -> None:
     assert reference.encode(shakespeare_text) == gpt2_tok.encode(shakespeare_text)
 
@@ -283,6 +285,7 @@ def test_encode_batch_passes_allowed_special_on(gpt2_tok: Tokenizer) -> None:
 # ------------------------------------------------------------------------------------ files and identities
 
 
+@pytest.mark.slow
 def test_loads_the_same_vocabulary_from_every_layout(gpt2_tok, bpe_dir, hf_dir, tmp_path) -> None:
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers
@@ -447,6 +450,7 @@ def test_trained_tokenizer_round_trips_and_reloads_to_the_same_ids(trained, shak
     assert reloaded.identity == trained.identity
 
 
+@pytest.mark.slow
 def test_trained_tokenizer_matches_hf_bpe_and_reference(trained, shakespeare_text, tmp_path) -> None:
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import models, pre_tokenizers

@@ -478,6 +478,7 @@ def test_total_batch_tokens_must_divide_into_micro_steps(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------- main job
+@pytest.mark.slow
 def test_main_job_runs_end_to_end_at_a_tiny_size(tmp_path, capsys):
     out = tmp_path / "stdlib"
     status = cli_main([

@@ -283,6 +283,7 @@ def test_cli_notes_a_flat_alias_once_and_prints_the_config(capsys):
     assert err == "" and 'out_dir = "runs/x"' in out
 
 
+@pytest.mark.slow
 def test_a_bad_config_through_the_command_shows_no_traceback(tmp_path):
     toml = tmp_path / "run.toml"
     toml.write_text("[schedule]\nmax_steps = -3\nwarmup = 1\n[runtime]\nseed = 1e999\n")

@@ -3,11 +3,13 @@ machine reads a large buffer at.
 
 A decode step at batch 1 reads every weight once and does little arithmetic per byte, so its speed is set by how
 fast the weights stream from memory. Bytes per step x steps per second is the bandwidth the step reached; a
-read-only pass over a buffer far larger than the caches (`read_bandwidth`), with the same threads, is about the
-most the step could reach on this machine, so their ratio says how much is left.
+read-only pass over a buffer far larger than the caches (`read_pass`), with the same threads, is about the most
+the step could reach on this machine, so their ratio says how much is left.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -31,10 +33,16 @@ def decode_step_bytes(model: GPT) -> int:
     return sum(tensor.nbytes for part in parts for tensor in (*part.parameters(), *part.buffers()))
 
 
-def read_bandwidth(device: torch.device, size_bytes: int = READ_BUFFER_BYTES, passes: int = READ_PASSES) -> float:
-    """GB/s of the fastest of `passes` read-only passes (`torch.sum`) over a float32 buffer of `size_bytes` on
-    `device`, with torch's threads (those `gpt2 bench --threads` sets). The buffer is written once first, so its
-    pages exist before any pass is timed."""
+def read_pass(device: torch.device, size_bytes: int = READ_BUFFER_BYTES) -> Callable[[], float]:
+    """A function timing one read-only pass (`torch.sum`) over a float32 buffer of `size_bytes` on `device`, with
+    torch's threads (those `gpt2 bench --threads` sets), in GB/s. The buffer is made and written once, here, so
+    its pages exist before any pass is timed; `gpt2 bench decode` takes a pass in every round of its repetitions,
+    beside the decode steps, so both see the same load of a noisy machine."""
     buffer = torch.ones(size_bytes // 4, dtype=torch.float32, device=device)
-    seconds = min(timed(lambda: buffer.sum(), device) for _ in range(passes))
-    return buffer.nbytes / seconds / GB
+    return lambda: buffer.nbytes / timed(lambda: buffer.sum(), device) / GB
+
+
+def read_bandwidth(device: torch.device, size_bytes: int = READ_BUFFER_BYTES, passes: int = READ_PASSES) -> float:
+    """GB/s of the fastest of `passes` read passes (`read_pass`) taken one after another."""
+    one_pass = read_pass(device, size_bytes)
+    return max(one_pass() for _ in range(passes))

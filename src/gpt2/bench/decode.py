@@ -7,9 +7,10 @@ so load from other processes falls on all alike.
 
 On a CPU every row names the variant of the native kernels that ran (`isa`: avx512, avx2, neon, portable; pytorch
 where inference runs on the PyTorch layouts). Decode at batch 1 adds a "weight GB/s" row: the bytes of weights a
-step reads (`gpt2.bench.bandwidth.decode_step_bytes`) x steps/s, with as its ratio the fraction of the run's "read
-bandwidth GB/s" row (a read-only pass over a large buffer, the same threads): how close the step runs to the speed
-of memory.
+step reads (`gpt2.bench.bandwidth.decode_step_bytes`) x steps/s, with as its ratio the fraction of the read
+bandwidth that read-only passes over a large buffer reach with the same threads, one in each round of the same
+repetitions (`read_pass`; all of a run's passes make its "read bandwidth GB/s" row): how close the step runs to
+the speed of memory.
 
 Peers (opt-in): transformers (`GPT2LMHeadModel.generate` on the same weights; its decode rate is
 (generate n tokens - generate 1 token) / (n - 1)), llama.cpp's `llama-bench` by path (batch 1, on the GGUF `gpt2
@@ -24,14 +25,14 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from gpt2.bench.bandwidth import GB, READ_BUFFER_BYTES, decode_step_bytes, read_bandwidth
+from gpt2.bench.bandwidth import GB, READ_BUFFER_BYTES, decode_step_bytes, read_pass
 from gpt2.bench.record import Recorder
 from gpt2.bench.setup import BenchSettings, bench_model, bench_tokenizer, copy_model, prompt_ids
 from gpt2.bench.timing import interleaved, timed
@@ -46,6 +47,7 @@ ONNX_FILES = {"float32": "model.onnx", "int8": "model_quantized.onnx"}
 PEERS = ("transformers", "onnxruntime")
 PRECISIONS = ("float32", "bfloat16", "float16", "int8", "int4")  # what prepare_for_inference takes
 OURS = "ours"  # our engine's name among the peers' in one interleaved measurement
+READ = "read bandwidth"  # the read pass's, among them at batch 1
 
 
 @dataclass(frozen=True)
@@ -245,9 +247,11 @@ class DecodeRun:
     engines: dict[str, dict[str, Any]]
     """Each peer's engine per precision (see peer_runs)."""
     prefill: bool
-    read_gbs: float | None = None
-    """This machine's read bandwidth in this run (GB/s), which the weight GB/s rows are a fraction of; None where
-    the run has no such row."""
+    read: Callable[[], float] | None = None
+    """One read pass over memory (bandwidth.read_pass, GB/s), taken in every round of a batch-1 decode's
+    repetitions; None where the run has no batch-1 decode."""
+    reads: list[float] = field(default_factory=list)
+    """Every read pass's GB/s in this run, for its read bandwidth row."""
 
 
 def run_decode(settings: BenchSettings, grid: DecodeGrid, recorder: Recorder, *, prefill: bool = False) -> None:
@@ -260,7 +264,7 @@ def run_decode(settings: BenchSettings, grid: DecodeGrid, recorder: Recorder, *,
         engines = peer_runs(reference, settings, grid, Path(folder))
         run = DecodeRun(settings, grid, recorder, reference, engines, prefill)
         if not prefill and 1 in grid.batch_sizes:
-            run.read_gbs = measure_read_bandwidth(settings, recorder)
+            run.read = read_pass(device)
         for precision in grid.precisions:
             model = prepared(reference, precision, device)
             if model is None:
@@ -268,6 +272,13 @@ def run_decode(settings: BenchSettings, grid: DecodeGrid, recorder: Recorder, *,
             for point in grid.prefill_tokens if prefill else grid.batch_sizes:
                 measure_point(run, model, precision, point)
             del model
+        if run.reads:
+            params = {
+                "buffer_mib": READ_BUFFER_BYTES // 2**20,
+                "threads": torch.get_num_threads(),
+                "device": device.type,
+            }
+            recorder.add("decode", "read bandwidth GB/s", params, run.reads, "GB/s")
 
 
 def measure_point(run: DecodeRun, model: GPT, precision: str, point: int) -> None:
@@ -288,14 +299,16 @@ def measure_point(run: DecodeRun, model: GPT, precision: str, point: int) -> Non
     params |= settings.model_params() | {"device": device.type} | isa_params(device)
     area, name = ("prefill", "prefill tokens/s") if run.prefill else ("decode", "decode tokens/s")
     peers = peer_functions(run.engines, precision, prompt, grid, run.prefill, run.reference)
-    rates = interleaved({OURS: ours, **peers}, warmup=settings.warmup, repetitions=settings.repetitions)
-    mine = rates.pop(OURS)
+    reading = {READ: run.read} if run.read is not None and not run.prefill and point == 1 else {}
+    rates = interleaved({OURS: ours, **peers, **reading}, warmup=settings.warmup, repetitions=settings.repetitions)
+    mine, reads = rates.pop(OURS), rates.pop(READ, [])
     if not rates:
         run.recorder.add(area, name, params, mine, "tokens/s")
     for peer_name, peer in rates.items():
         run.recorder.add(area, name, params, mine, "tokens/s", (peer_name, peer))
     if not run.prefill and point == 1:
-        record_weight_bandwidth(run, model, params, mine)
+        run.reads += reads
+        record_weight_bandwidth(run, model, params, mine, reads)
 
 
 def isa_params(device: torch.device) -> dict[str, str]:
@@ -304,21 +317,14 @@ def isa_params(device: torch.device) -> dict[str, str]:
     return {"isa": active_isa()} if device.type == "cpu" else {}
 
 
-def measure_read_bandwidth(settings: BenchSettings, recorder: Recorder) -> float:
-    """This machine's read bandwidth (bandwidth.read_bandwidth) with the run's threads, recorded as its own row."""
-    device = settings.torch_device
-    gbs = read_bandwidth(device)
-    params = {"buffer_mib": READ_BUFFER_BYTES // 2**20, "threads": torch.get_num_threads(), "device": device.type}
-    recorder.add("decode", "read bandwidth GB/s", params, [gbs], "GB/s")
-    return gbs
-
-
-def record_weight_bandwidth(run: DecodeRun, model: GPT, params: dict[str, Any], rates: list[float]) -> None:
+def record_weight_bandwidth(
+    run: DecodeRun, model: GPT, params: dict[str, Any], rates: list[float], reads: list[float]
+) -> None:
     """At batch 1 a token is a step: the weight bytes a step reads x steps/s, each repetition; the ratio is the
-    fraction of the run's read bandwidth it reached."""
+    fraction of the read bandwidth the read passes of the same rounds reached."""
     step_bytes = decode_step_bytes(model)
     values = [step_bytes * rate / GB for rate in rates]
-    limit = ("read bandwidth", [run.read_gbs]) if run.read_gbs is not None else None
+    limit = (READ, reads) if reads else None
     params = params | {"step_mb": round(step_bytes / 1e6, 1)}
     run.recorder.add("decode", "weight GB/s", params, values, "GB/s", limit)
 
