@@ -33,16 +33,13 @@ def decode_step_bytes(model: GPT) -> int:
     return sum(tensor.nbytes for part in parts for tensor in (*part.parameters(), *part.buffers()))
 
 
-def read_pass(device: torch.device, size_bytes: int = READ_BUFFER_BYTES) -> Callable[[], float]:
-    """A function timing one read-only pass (`torch.sum`) over a float32 buffer of `size_bytes` on `device`, with
-    torch's threads (those `gpt2 bench --threads` sets), in GB/s. The buffer is made and written once, here, so
-    its pages exist before any pass is timed; `gpt2 bench decode` takes a pass in every round of its repetitions,
-    beside the decode steps, so both see the same load of a noisy machine."""
+def read_pass(
+    device: torch.device, size_bytes: int = READ_BUFFER_BYTES, passes: int = READ_PASSES
+) -> Callable[[], float]:
+    """A function giving the GB/s of the fastest of `passes` read-only passes (`torch.sum`) over a float32 buffer
+    of `size_bytes` on `device`, with torch's threads (those `gpt2 bench --threads` sets): what memory delivers at
+    that moment. The buffer is made and written once, here, so its pages exist before any pass is timed; `gpt2
+    bench decode` calls it in every round of its repetitions, beside the decode steps, so both see the same load
+    of a noisy machine."""
     buffer = torch.ones(size_bytes // 4, dtype=torch.float32, device=device)
-    return lambda: buffer.nbytes / timed(lambda: buffer.sum(), device) / GB
-
-
-def read_bandwidth(device: torch.device, size_bytes: int = READ_BUFFER_BYTES, passes: int = READ_PASSES) -> float:
-    """GB/s of the fastest of `passes` read passes (`read_pass`) taken one after another."""
-    one_pass = read_pass(device, size_bytes)
-    return max(one_pass() for _ in range(passes))
+    return lambda: max(buffer.nbytes / timed(lambda: buffer.sum(), device) / GB for _ in range(passes))
