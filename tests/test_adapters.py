@@ -122,6 +122,7 @@ def test_mixed_batch_tokens_equal_transformers_with_peft_token_for_token(base: P
         assert tokens == theirs, name
 
 
+@pytest.mark.slow
 def test_a_lone_prompt_and_its_samples_take_the_named_adapter(base: Path, adapters: dict[str, Path]) -> None:
     llm = LLM.load(base, device="cpu", precision="float32", adapters=adapters)
     batch = llm.generate(PROMPTS, GREEDY, adapter="terse")
@@ -134,6 +135,7 @@ def test_a_lone_prompt_and_its_samples_take_the_named_adapter(base: Path, adapte
     assert mixed[0] == llm.generate(PROMPTS[:1], sampled, adapter="terse")[0]
 
 
+@pytest.mark.slow
 def test_the_mixed_batch_adds_the_low_rank_update_to_the_float32_path_without_the_native_decoder(
     base: Path, adapters: dict[str, Path]
 ) -> None:
@@ -146,6 +148,7 @@ def test_the_mixed_batch_adds_the_low_rank_update_to_the_float32_path_without_th
     assert not any(isinstance(module, AdaptedLinear) for module in llm.model.modules())  # the base is untouched
 
 
+@pytest.mark.slow
 def test_an_adapter_costs_its_own_size_not_a_model_copy(base: Path, adapters: dict[str, Path]) -> None:
     llm = LLM.load(base, device="cpu", precision="float32")
     before = {id(parameter): parameter.data_ptr() for parameter in llm.model.parameters()}
@@ -160,6 +163,7 @@ def test_an_adapter_costs_its_own_size_not_a_model_copy(base: Path, adapters: di
     )
 
 
+@pytest.mark.slow
 def test_a_gpt2_finetune_output_folder_is_an_adapter(base: Path, tmp_path: Path) -> None:
     model = add_lora(load_model(base), LoRAConfig(rank=2, target_modules=("c_fc",)))
     with torch.no_grad():
@@ -177,12 +181,14 @@ def test_a_gpt2_finetune_output_folder_is_an_adapter(base: Path, tmp_path: Path)
 
 
 # ------------------------------------------------------------------------------------------ bad input
+@pytest.mark.slow
 def test_an_unknown_adapter_name_is_refused_naming_the_loaded_ones(base: Path, adapters: dict[str, Path]) -> None:
     llm = LLM.load(base, device="cpu", adapters=adapters)
     with pytest.raises(UnknownAdapterError, match="no adapter named 'nope' is loaded \\(loaded: 'style', 'terse'\\)"):
         llm.generate(PROMPTS, GREEDY, adapter=["style", "nope", None, None])
 
 
+@pytest.mark.slow
 def test_the_same_name_twice_is_refused(base: Path, adapters: dict[str, Path]) -> None:
     llm = LLM.load(base, device="cpu", adapters=adapters)
     with pytest.raises(DuplicateAdapterError, match="'style' is already loaded"):
@@ -212,12 +218,14 @@ def edited_copy(adapter: Path, folder: Path, **config_changes: object) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_a_rank_other_than_the_config_says_is_refused(base: Path, adapters: dict[str, Path], tmp_path: Path) -> None:
     folder = edited_copy(adapters["terse"], tmp_path / "lying", r=3)
     with pytest.raises(ValueError, match="with rank 3 needs"):
         LLM.load(base, device="cpu", adapters={"lying": folder})
 
 
+@pytest.mark.slow
 def test_a_target_module_the_base_lacks_is_refused(base: Path, adapters: dict[str, Path], tmp_path: Path) -> None:
     folder = edited_copy(adapters["terse"], tmp_path / "qproj", target_modules=["q_proj", "v_proj"])
     with pytest.raises(ValueError, match="target_modules \\['q_proj', 'v_proj'\\] must be some of"):
@@ -268,6 +276,7 @@ def gguf_base(tmp_path: Path) -> Path:
     return directory
 
 
+@pytest.mark.slow
 def test_gguf_lora_holds_what_llamacpp_loads(base: Path, adapters: dict[str, Path], tmp_path: Path) -> None:
     from gpt2.cli import main
 

@@ -210,6 +210,7 @@ def test_a_long_prompt_whose_prefix_is_cached_is_budgeted_at_the_tokens_it_feeds
     assert [record.prefilled for record in engine.timeline if record.prefilled] == [CHUNK] * 3 + [fed + 8]
 
 
+@pytest.mark.slow
 def test_a_long_prompt_arriving_while_8_streams_decode_stalls_each_by_one_chunk_at_most(gate: StepGate) -> None:
     engine = Engine(tiny_gpt(), ByteTokenizer(), max_batch=9, prefill_chunk=CHUNK)
     long = random_tokens(200, seed=15)
@@ -285,6 +286,7 @@ def test_echoed_prompt_logprobs_chunk_by_chunk_are_one_forwards(max_tokens: int)
     assert [turn.prefilled for turn in chunked.timeline if turn.prefilled] == [32] * 4 + [22]
 
 
+@pytest.mark.slow
 def test_a_prompt_cancelled_while_prefilling_in_chunks_frees_its_row(gate: StepGate) -> None:
     engine = Engine(tiny_gpt(), ByteTokenizer(), max_batch=2, prefill_chunk=CHUNK)
     stream, late = Collector(1), Collector(1)

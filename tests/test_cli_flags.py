@@ -84,6 +84,7 @@ def lora_output(tmp_path: Path, gpt2_bpe_dir: Path) -> tuple[Path, Path]:
     return base, out
 
 
+@pytest.mark.slow
 def test_chat_adapter_finds_the_adapter_in_a_finetune_output(lora_output, monkeypatch, capsys):
     base, out = lora_output
     assert chat(base, monkeypatch, capsys, "--adapter", str(out)) == chat(out, monkeypatch, capsys)

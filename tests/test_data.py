@@ -102,6 +102,7 @@ def test_stream_is_eot_then_document_for_each_document_with_exact_gpt2_ids(tmp_p
     assert manifest["document_separator"] == "eot_before_each_document"
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(
     text=st.lists(

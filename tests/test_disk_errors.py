@@ -183,6 +183,7 @@ def test_prepare_on_a_full_disk_is_one_line(disk, tmp_path, capsys):
     one_line_error(capsys, "prepare", str(disk / "data"), "no space left on the device")
 
 
+@pytest.mark.slow
 def test_finetune_into_a_read_only_disk_is_one_line(disk, tmp_path, model, capsys):
     text = tmp_path / "corpus.txt"
     text.write_text("the cat sat on the mat. " * 200)

@@ -208,6 +208,7 @@ def test_count_bytes_ignores_the_end_of_text_token() -> None:
     assert count_bytes(tokenizer, [tokenizer.eot_token, *b"hi", tokenizer.eot_token, *b"!"]) == 3
 
 
+@pytest.mark.slow
 def test_count_bytes_with_gpt2_bpe_equals_the_text_bytes(gpt2_bpe_dir: Path) -> None:
 
     tokenizer = load_tokenizer(gpt2_bpe_dir)
@@ -292,6 +293,7 @@ WHITESPACE_PAIRS = [
 ]
 
 
+@pytest.mark.slow
 def test_scores_after_trailing_whitespace_match_a_full_sequence_forward(gpt2_bpe_dir: Path) -> None:
     tokenizer = load_tokenizer(gpt2_bpe_dir)
     model = random_model(vocab_size=tokenizer.vocab_size, block_size=32).eval()
@@ -301,6 +303,7 @@ def test_scores_after_trailing_whitespace_match_a_full_sequence_forward(gpt2_bpe
     assert [s.num_tokens for s in scores] == [5, 2, 6]
 
 
+@pytest.mark.slow
 def test_lambada_after_indentation_or_a_double_space_matches_a_full_sequence_forward(gpt2_bpe_dir: Path) -> None:
     tokenizer = load_tokenizer(gpt2_bpe_dir)
     model = random_model(vocab_size=tokenizer.vocab_size, block_size=32).eval()

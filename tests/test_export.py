@@ -295,6 +295,7 @@ def test_padded_vocab_size_rounds_up_to_a_multiple_of_128(vocab_size, padded):
 
 
 # --------------------------------------------------------------------------------------------------------- HF
+@pytest.mark.slow
 def test_hf_export_reads_back_as_the_same_model_and_tokenizer(tiny_model, gpt2_tokenizer, tmp_path):
     out = export_hf(tiny_model, gpt2_tokenizer, tmp_path / "run")
     assert {"config.json", "model.safetensors", "vocab.json", "merges.txt"} <= {p.name for p in out.iterdir()}
@@ -349,6 +350,7 @@ def test_cli_exports_gguf_and_prints_the_file(gguf, small_tokenizer, tmp_path, c
     assert metadata["general.name"] == "run1" and metadata["general.file_type"] == 7  # MOSTLY_Q8_0
 
 
+@pytest.mark.slow
 def test_cli_exports_llmc_files(gguf_tiny, tmp_path, capsys):
     assert main(["export", "--model", str(gguf_tiny / "hf"), "--format", "llmc", "--out", str(tmp_path / "m.bin")]) == 0
     printed = capsys.readouterr().out.splitlines()

@@ -351,6 +351,7 @@ def test_gpt2_eval_refuses_a_negative_num_fewshot(
     assert "--num-fewshot must be an integer >= 0" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_records_given_as_a_one_pass_iterator_are_read_for_questions_and_shots(ours: tuple[GPT, Any]) -> None:
     model, tokenizer = ours
     from_list = evaluate_choice(model, tokenizer, CHOICE_TEST, fewshot=FewShot(k=NUM_FEWSHOT))

@@ -107,6 +107,7 @@ def test_chat_text_matches_the_jinja_template_rendering() -> None:
     assert rendered == render_chat(messages, add_generation_prompt=True)
 
 
+@pytest.mark.slow
 def test_encode_chat_equals_encoding_the_rendered_text(gpt2_bpe_dir: Path) -> None:
     from gpt2.tokenizer import load_tokenizer
 
@@ -157,6 +158,7 @@ def test_chat_record_without_roles_names_file_and_line(tmp_path: Path) -> None:
         load_examples(path, ByteTokenizer())
 
 
+@pytest.mark.slow
 def test_block_size_beyond_the_model_context_is_refused_and_nothing_is_written(
     pretrained: Path, text_file: Path, tmp_path: Path
 ) -> None:
@@ -166,6 +168,7 @@ def test_block_size_beyond_the_model_context_is_refused_and_nothing_is_written(
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_cli_turns_bad_data_into_one_line(pretrained: Path, tmp_path: Path, capsys) -> None:
     path = tmp_path / "data.csv"
     path.write_text("title\nx\n", encoding="utf-8")
@@ -353,6 +356,7 @@ def test_a_run_killed_before_its_first_checkpoint_restarts_in_place(
     assert finetune(small_run(pretrained, text_file, out, max_steps=2)).step == 2
 
 
+@pytest.mark.slow
 def test_finetune_settings_use_the_training_set_parser() -> None:
     config = FinetuneConfig.from_settings(["max_steps=5", "train.warmup_steps=1", "lora=yes", "lora_rank=4",
                                            "batch_size=auto", "log_to=tensorboard", "learning_rate=3e-4"])  # fmt: skip
@@ -383,6 +387,7 @@ def test_finetune_settings_report_every_problem_at_once_each_on_its_line() -> No
 
 
 # ----------------------------------------------------------------------------------------- gpt2 chat
+@pytest.mark.slow
 def test_gpt2_chat_streams_a_reply_per_piped_line(pretrained: Path, capsys, monkeypatch) -> None:
     monkeypatch.setattr("sys.stdin", io.StringIO("Hello\nHow are you?\n"))
     status = main(["chat", "--model", str(pretrained), "--max-new-tokens", "4", "--seed", "0", "--device", "cpu"])

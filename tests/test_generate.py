@@ -217,6 +217,7 @@ def test_top_k_draws_are_those_of_the_whole_vocabulary_computation(
         assert torch.equal(drawn, full_vocabulary_draw(logits, seed, **options))
 
 
+@pytest.mark.slow
 def test_rows_with_a_generator_each_draw_what_they_draw_alone_even_beside_a_tied_row() -> None:
     # the server's engine draws its rows together; a row tied at the k-th value (which takes the whole-vocabulary
     # computation) must not change what the others draw, nor the other way round
@@ -441,6 +442,7 @@ def test_stream_text_never_splits_a_multibyte_character() -> None:
     assert "🤗" in pieces  # its four bytes came as four tokens, and out as one piece
 
 
+@pytest.mark.slow
 def test_stream_text_with_gpt2_bpe_equals_decode(gpt2_bpe_dir: Path) -> None:
 
     tokenizer = load_tokenizer(gpt2_bpe_dir)

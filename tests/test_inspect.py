@@ -92,6 +92,7 @@ def test_residuals_equal_transformers_hidden_states(model: GPT, idx: torch.Tenso
     torch.testing.assert_close(cache["blocks.0.hook_resid_pre"], cache["hook_embed"] + cache["hook_pos_embed"])
 
 
+@pytest.mark.slow
 def test_transformer_lens_caches_the_same_activations_under_the_same_names(
     model: GPT, idx: torch.Tensor, tmp_path: Path
 ) -> None:

@@ -114,6 +114,7 @@ def test_lora_finetune_writes_the_adapter_and_the_merged_model(
     torch.testing.assert_close(logits(merged), logits(with_adapter), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_gpt2_chat_merges_an_adapter_made_by_peft(pretrained: Path, tmp_path: Path, gpt2_bpe_dir: Path,
                                                   capsys, monkeypatch) -> None:  # fmt: skip
     import io

@@ -70,6 +70,7 @@ def weights_digest(out_dir: Path) -> str:
     return digest.hexdigest()
 
 
+@pytest.mark.slow
 def test_adamw_reproduces_the_recipe_from_before_the_optimizer_setting_bit_for_bit(tmp_path, monkeypatch):
     config = tiny_config(tmp_path / "now", max_steps=6, warmup_steps=2, eval_interval=0, checkpoint_interval=0)
     assert config.optimizer.name == "adamw" and config.schedule.lr_schedule == "cosine"  # the defaults
@@ -237,6 +238,7 @@ def test_the_loop_logs_the_wsd_schedule(tmp_path):
 
 
 # ------------------------------------------------------------------------- Muon in the training loop
+@pytest.mark.slow
 def test_muon_trains_and_beats_adamw_on_the_same_steps(tmp_path):
     settings = dict(max_steps=30, warmup_steps=3, eval_interval=0, checkpoint_interval=0)
     adamw = train(tiny_config(tmp_path / "adamw", **settings))
@@ -351,6 +353,7 @@ def test_frozen_block_matrices_leave_no_muon_group():
     assert not any(group["use_muon"] for group in optimizer.param_groups)
 
 
+@pytest.mark.slow
 def test_gpt2_finetune_trains_with_muon(tmp_path: Path) -> None:
     import json
 

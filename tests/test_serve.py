@@ -220,6 +220,7 @@ def test_a_full_batch_refuses_more_sequences_and_says_how_to_go_on() -> None:
         batch.join([6])
 
 
+@pytest.mark.slow
 def test_batched_logits_equal_each_sequence_alone_as_sequences_join_and_leave() -> None:
     model = tiny_gpt(block_size=64)
     batch = DecodeBatch(model, max_rows=4)
@@ -306,6 +307,7 @@ class Collector:
         return self.outputs[index][-1]
 
 
+@pytest.mark.slow
 def test_sequences_join_a_running_batch_and_each_gets_its_solo_answer(reference: LLM, gate: StepGate) -> None:
     engine = Engine(tiny_gpt(), ByteTokenizer(), max_batch=4)
     tokenizer = ByteTokenizer()
@@ -323,6 +325,7 @@ def test_sequences_join_a_running_batch_and_each_gets_its_solo_answer(reference:
     assert gate.sizes[0] == 1 and 2 in gate.sizes  # it joined the running batch
 
 
+@pytest.mark.slow
 def test_stopping_the_engine_ends_running_sequences_with_an_error(gate: StepGate) -> None:
     engine = Engine(tiny_gpt(), ByteTokenizer(), max_batch=1)
     collector = Collector(2)
@@ -806,6 +809,7 @@ def test_bad_chat_messages_are_400s(client: Any) -> None:
         assert caught.value.body["param"] == "messages"
 
 
+@pytest.mark.slow
 def test_the_api_key_is_required_when_set(llm: LLM) -> None:
     with running(llm, api_key="sesame") as url:
         body = {"model": MODEL, "prompt": "x", "max_tokens": 1}
@@ -951,6 +955,7 @@ def test_the_server_runs_on_uvloop_and_httptools(llm: LLM) -> None:
 
 
 # ------------------------------------------------------------------------------------ disconnects, shutdown
+@pytest.mark.slow
 def test_a_streaming_client_that_disconnects_frees_its_row(llm: LLM, gate: StepGate) -> None:
     with running(llm, max_batch=1) as url:
         body = {"model": MODEL, "prompt": "bye", "max_tokens": 100, "stream": True}

@@ -90,6 +90,7 @@ def test_requests_for_every_adapter_and_the_base_decode_in_one_batch_as_merged_f
         assert len({answer.choices[0].text for (p, _), answer in zip(jobs, answers, strict=True) if p == prompt}) > 1
 
 
+@pytest.mark.slow
 def test_models_lists_the_base_and_each_adapter_with_the_base_as_parent(llm: LLM) -> None:
     with running(llm) as url:
         listed = {model.id: model for model in client(url).models.list().data}
@@ -254,6 +255,7 @@ def test_a_seeded_sampled_request_with_adapter_steering_and_grammar_is_llm_gener
     assert re.fullmatch(regex, expected)
 
 
+@pytest.mark.slow
 def test_gpt2_serve_names_a_bad_lora_flag_in_one_line(base: Path, tmp_path: Path, capsys) -> None:  # noqa: F811
     assert main(["serve", str(base), "--lora", f"poems={tmp_path / 'nowhere'}", "--port", "0"]) != 0
     error = capsys.readouterr().err.strip()

@@ -71,6 +71,7 @@ def complete(http: TestClient, **body: Any) -> Any:
     return http.post("/v1/completions", json={"model": MODEL, "prompt": "The cat", "max_tokens": 4, **body})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("field", ["foo", "best_of_many", "reasoning_effort"])
 def test_an_unknown_field_is_a_400_naming_it(http, field):
     answer = complete(http, **{field: 1})
@@ -170,6 +171,7 @@ def test_embeddings_with_the_openai_client_are_the_pooled_last_hidden_state(clie
     torch.testing.assert_close(torch.tensor(as_floats.data[0].embedding), vectors[0], atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_the_connection_cap_and_keep_alive_reach_uvicorn(model_dir):
     from gpt2.serve import uvicorn_server
 

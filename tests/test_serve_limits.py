@@ -60,6 +60,7 @@ def post(http: TestClient, path: str, **fields: object) -> tuple[int, dict]:
     return answer.status_code, answer.json()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", list(BODIES))
 @pytest.mark.parametrize(
     ("field", "bound", "what"),

@@ -79,6 +79,7 @@ def test_a_request_that_asks_for_logprobs_or_rules_decodes_one_token_a_step() ->
     assert stepping_turns(engine) == 2 * 19
 
 
+@pytest.mark.slow
 def test_a_speculating_request_joined_by_another_goes_on_in_the_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     """The first request speculates alone (its verifications held at a gate), the second arrives: both then step
     together, and each gets its solo greedy tokens."""

@@ -65,6 +65,7 @@ def test_a_schema_given_as_json_text_works_the_same(llm: LLM) -> None:
     jsonschema.validate(json.loads(llm.generate("x", params)[0]), SCHEMA)
 
 
+@pytest.mark.slow
 def test_json_object_output_is_an_object(llm: LLM) -> None:
     params = SamplingParams(max_tokens=80, json_schema=JSON_OBJECT, seed=3, n=4)
     for text in llm.generate("{", params):
@@ -74,6 +75,7 @@ def test_json_object_output_is_an_object(llm: LLM) -> None:
             assert text.startswith("{")
 
 
+@pytest.mark.slow
 def test_regex_outputs_fullmatch(llm: LLM) -> None:
     pattern = r"(yes|no), [0-9]{2,4}!"
     for text in llm.generate("Answer:", SamplingParams(max_tokens=30, regex=pattern, seed=1, n=8)):
@@ -251,6 +253,7 @@ class Stalled:
         return "compiled"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(time, "pthread_getcpuclockid"), reason="no per-thread CPU clock here")
 def test_the_compile_limit_counts_the_compiling_threads_cpu_time_not_its_wait_for_a_core() -> None:
     from gpt2.serve.grammar import GrammarCompilations, GrammarTooComplex

@@ -39,6 +39,7 @@ def accepts(compiler: GrammarCompiler, schema: Any, text: str) -> bool:
     return all(matcher.accept_token(token) for token in tokens) and matcher.is_terminated()
 
 
+@pytest.mark.slow
 def test_keys_come_in_the_schemas_order(compiler):
     schema = {"type": "object", "properties": {"zeta": {"type": "integer"}, "alpha": {"type": "integer"}},
               "required": ["zeta", "alpha"], "additionalProperties": False}  # fmt: skip

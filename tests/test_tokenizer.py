@@ -171,6 +171,7 @@ def test_the_fast_split_pattern_splits_as_gpt2s(corpus, shakespeare_text) -> Non
     assert fast_pieces(text) == split_pieces(text)
 
 
+@pytest.mark.slow
 @settings(max_examples=500, deadline=None)
 @given(st.lists(SPLIT_ALPHABET).map("".join) | st.text())
 def test_the_fast_split_pattern_splits_any_text_as_gpt2s(text: str) -> None:

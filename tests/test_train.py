@@ -305,6 +305,7 @@ def test_training_lowers_the_loss_and_writes_checkpoint_metrics_and_plot(tmp_pat
     assert loaded.config.vocab_size == 257
 
 
+@pytest.mark.slow
 def test_resume_continues_exactly(tmp_path):
     # dropout on, so the RNG must be restored too
     whole = tiny_config(tmp_path / "a", dropout=0.1)
