@@ -77,7 +77,9 @@ def test_decode_at_batch_1_gives_weight_bandwidth_as_a_fraction_of_the_read_band
     for record, passes in zip(weights, (read["values"][:2], read["values"][2:]), strict=True):
         assert record["unit"] == "GB/s" and len(record["values"]) == 2 and record["params"]["step_mb"] > 0
         # against the passes of its own rounds
-        assert record["peer"] == "read bandwidth" and record["peer_value"] == pytest.approx(statistics.median(passes))
+        assert record["peer"] == "read bandwidth" and record["peer_value"] == pytest.approx(
+            statistics.median(passes), abs=1e-3
+        )
         assert record["ratio"] == pytest.approx(record["value"] / record["peer_value"], abs=1e-3)
 
 
