@@ -162,6 +162,14 @@ def test_native_prompts_need_one_instruction_pair_products(monkeypatch: pytest.M
     assert not kernels.native_prompts("int8")
 
 
+@pytest.mark.parametrize("precision", ["float32", "bfloat16", "int8", "int4"])
+def test_no_rows_give_no_rows(precision: str) -> None:
+    layer = torch.nn.Linear(64, 48)
+    weight, scale = stored(layer, precision)
+    y = native_linear(torch.randn(0, 64), weight, scale, layer.bias.detach(), KIND[precision], 48)
+    assert y.shape == (0, 48)
+
+
 def test_a_layer_keeps_its_inputs_dtype() -> None:
     layer = NativeLinear.from_linear(torch.nn.Linear(64, 32), "int8")
     assert layer(torch.randn(3, 64, dtype=torch.bfloat16)).dtype == torch.bfloat16

@@ -101,6 +101,7 @@ static void rowmajor_product(const Wt* w, const RowActivations& x, int64_t N, in
 template <Kind kind>
 static void tiled_product(const uint8_t* w, const float* row_scale, const c10::Half* group_params,
                           const QuantizedRows& xq, int64_t N, int64_t K, int64_t O, const Output& out) {
+  if (N == 0) return;
   const int64_t tiles = (O + TILE - 1) / TILE, blocks = K / BLOCK;
   const int64_t tile_bytes = kind == I8 ? TILE * K : TILE * K / 2;
   auto tile_params = [&](int64_t tile) { return kind == I4 ? group_params + tile * blocks * 2 * TILE : nullptr; };
