@@ -750,7 +750,10 @@ def test_the_sampler_draws_an_id_in_the_vocabulary_with_a_finite_or_top_logit(
     generator = torch.Generator().manual_seed(seed)
     options = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
     if not bool(usable.any(dim=-1).all()):
-        with pytest.raises(ValueError, match="every token has logit -inf"):
+        # the first row with nothing to draw is named, and NaN as its cause where it holds one
+        row = int((~usable.any(dim=-1)).nonzero()[0, 0])
+        cause = "the logits are not finite" if bool(logits[row].isnan().any()) else "every token has logit -inf"
+        with pytest.raises(ValueError, match=f"row {row}: {cause}"):
             sample_next_token(logits, **options)
         return
     token = sample_next_token(logits, **options)
