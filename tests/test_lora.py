@@ -57,6 +57,15 @@ def test_a_fresh_adapter_changes_nothing_and_only_adapters_train(pretrained: Pat
     assert len(trainable) == 2 * 4 * 2  # A and B for 4 layers (c_attn, attn.c_proj, c_fc, mlp.c_proj) x 2 blocks
 
 
+def test_a_model_whose_target_layers_are_not_linear_is_refused_as_peft_refuses(pretrained: Path) -> None:
+    model = load_model(pretrained)
+    for block in model.transformer.h:
+        block.attn.c_attn = torch.nn.Identity()  # as a model prepared for inference may hold it in another form
+    with pytest.raises(ValueError, match="target modules c_attn are no linear layers of this model"):
+        add_lora(model, LoRAConfig(rank=2, target_modules=("c_attn", "c_fc")))
+    assert not any(isinstance(module, LoRALinear) for module in model.modules())  # nothing half-wrapped
+
+
 def test_merged_logits_equal_unmerged_logits(pretrained: Path) -> None:
     model = add_lora(load_model(pretrained), LoRAConfig(rank=4, target_modules=("c_attn", "c_fc")))
     randomize_adapters(model)

@@ -24,6 +24,7 @@ from gpt2.api import LLM
 from gpt2.finetune.lora import LoRAConfig, add_lora, save_adapter
 from gpt2.serve.config import ServerConfig
 from gpt2.tokenizer import ByteTokenizer
+from gpt2.weights import load_model
 from test_serve import MODEL, STARTUP_SECONDS, WAIT_SECONDS, running, save_model, tiny_gpt
 
 pytest.importorskip("fastapi")
@@ -57,7 +58,7 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def make_adapter(base: Path, folder: Path, rank: int = RANK, seed: int = 1) -> Path:
     """An adapter for `base` in PEFT's format, with random B so it changes the text."""
-    model = LLM.load(base, device="cpu", precision="float32").model
+    model = load_model(base)
     config = LoRAConfig(rank=rank, alpha=2.0 * rank, target_modules=("c_attn",))
     add_lora(model, config)
     torch.manual_seed(seed)

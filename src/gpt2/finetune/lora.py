@@ -67,9 +67,18 @@ def _targets(model: nn.Module, config: LoRAConfig) -> list[tuple[nn.Module, str,
 
 
 def add_lora(model: GPT, config: LoRAConfig) -> GPT:
-    """Freeze `model` and wrap its target layers with adapters (in place); returns it."""
+    """Freeze `model` and wrap its target layers with adapters (in place); returns it. A target module that names no
+    linear layer is a ValueError, as PEFT's: an adapter without it would train and save nothing for it (a model
+    prepared for inference keeps some layers in other forms: load it with gpt2.weights.load_model)."""
+    targets = _targets(model, config)
+    missing = sorted(set(config.target_modules) - {name for _, name, _ in targets})
+    if missing:
+        raise ValueError(
+            f"the LoRA target modules {', '.join(missing)} are no linear layers of this model (a model prepared for "
+            "inference keeps them in other forms: load it with gpt2.weights.load_model)"
+        )
     model.requires_grad_(False)
-    for parent, name, linear in _targets(model, config):
+    for parent, name, linear in targets:
         setattr(parent, name, LoRALinear(linear, config))
     return model
 
