@@ -331,7 +331,7 @@ def test_a_fresh_run_into_an_existing_run_needs_resume_or_overwrite(tmp_path):
         train(config)
     again = train(config.replace(max_steps=3), overwrite=True)
     assert again.start_step == 0 and [p.name for p in checkpoint_dirs(config.output.out_dir)] == ["step_00000003"]
-    with pytest.raises(ValueError, match="nothing to do: .* step 3 and max_steps=3"):
+    with pytest.raises(ValueError, match="nothing to do: .* step 3 and schedule.max_steps=3"):
         train(config.replace(max_steps=3), resume=True)
 
 

@@ -61,7 +61,7 @@ def register(subparsers: Any) -> None:
          f"{defaults.prefix_cache_mb})", {"type": int, "default": defaults.prefix_cache_mb}),
         (("--prefill-chunk",), "prompt tokens prefilled between two decode steps at most; longer prompts go in chunks "
          f"(default {defaults.prefill_chunk})", {"type": int, "default": defaults.prefill_chunk}),
-        (("--grammar-timeout",), "seconds a request's json_schema or regex may take to compile (then 400; other "
+        (("--grammar-timeout",), "CPU seconds a request's json_schema or regex may take to compile (then 400; other "
          f"requests run meanwhile; default {defaults.grammar_timeout:g})",
          {"type": float, "default": defaults.grammar_timeout, "metavar": "S"}),
         (("--max-connections",), "connections open at once at most; past it a request gets 503 (default "

@@ -114,7 +114,7 @@ def train(
             if trainer.step >= config.schedule.max_steps:
                 raise ValueError(
                     f"nothing to do: the checkpoint in {out_dir} is at step {trainer.step} and "
-                    f"max_steps={config.schedule.max_steps}; raise max_steps to train further"
+                    f"schedule.max_steps={config.schedule.max_steps}; raise schedule.max_steps to train further"
                 )
         dtype_name = str(trainer.dtype).removeprefix("torch.")
         say(

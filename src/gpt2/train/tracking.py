@@ -38,7 +38,7 @@ def require_trackers(names: Sequence[str]) -> None:
     a run writes anything)."""
     for name in names:
         if importlib.util.find_spec(_MODULES[name]) is None:
-            raise ValueError(f"log_to={name} needs the {name} package: pip install '{DISTRIBUTION}[{name}]'")
+            raise ValueError(f"output.log_to={name} needs the {name} package: pip install '{DISTRIBUTION}[{name}]'")
 
 
 class TensorBoardTracker:
