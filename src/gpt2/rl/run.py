@@ -21,7 +21,6 @@ checkpoints/step_N.
 
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,9 +39,9 @@ from gpt2.rl.loss import GRPOLoss, RolloutBatch, completion_logprobs, group_adva
 from gpt2.rl.rewards import PromptRow, RewardFunction, load_reward, read_prompts, score
 from gpt2.rl.rollout import Completion, Rollouts
 from gpt2.runtime.device import autocast, resolve_device, resolve_dtype
-from gpt2.runtime.files import atomic_write_bytes
 from gpt2.train.checkpoint import previous_checkpoint
 from gpt2.train.distributed import Distributed
+from gpt2.train.metrics import write_step_plot
 from gpt2.train.optimizer import configure_optimizer
 from gpt2.train.tracking import Tracking, require_trackers
 from gpt2.train.trainer import Batch, LoopOptions, Placement, Trainer, TrainerCallback, TrainingData
@@ -209,28 +208,9 @@ REWARD_PLOT_FILE = "reward.png"
 
 
 def write_reward_plot(records: list[dict[str, Any]], path: Path) -> None:
-    """A PNG of the mean reward of each step's completions and, where measured, eval_reward (matplotlib's Agg
-    canvas: no display needed)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    train = [(r["step"], r["reward"]) for r in records if "reward" in r]
-    held_out = [(r["step"], r["eval_reward"]) for r in records if "eval_reward" in r]
-    figure = Figure(figsize=(7, 4.5), dpi=100)
-    FigureCanvasAgg(figure)
-    axes = figure.add_subplot()
-    if train:
-        axes.plot(*zip(*train, strict=True), label="reward (sampled)", color="tab:blue", alpha=0.5, linewidth=1)
-    if held_out:
-        axes.plot(*zip(*held_out, strict=True), "o-", label="eval_reward (greedy, held out)", color="tab:orange")
-    axes.set_xlabel("step")
-    axes.set_ylabel("mean reward")
-    axes.grid(alpha=0.3)
-    axes.legend()
-    figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png")
-    atomic_write_bytes(path, buffer.getvalue())
+    """A PNG of the mean reward of each step's completions and, where measured, eval_reward."""
+    write_step_plot(records, path, ("reward", "reward (sampled)"), ("eval_reward", "eval_reward (greedy, held out)"),
+                    "mean reward")  # fmt: skip
 
 
 @dataclass

@@ -73,21 +73,31 @@ class Metrics:
 
 
 def write_loss_plot(records: list[dict[str, Any]], path: Path) -> None:
-    """A PNG of train loss per step and val loss per evaluation (matplotlib's Agg canvas: no display needed)."""
+    """A PNG of train loss per step and val loss per evaluation."""
+    write_step_plot(records, path, ("loss", "train"), ("val_loss", "val"), "loss (nats/token)")
+
+
+def write_step_plot(
+    records: list[dict[str, Any]], path: Path, steps: tuple[str, str], evaluations: tuple[str, str], ylabel: str
+) -> None:
+    """A PNG of one metrics.jsonl key per step (`steps`: key, label) as a thin line and one per evaluation
+    (`evaluations`) as dots, against the step (matplotlib's Agg canvas: no display needed); written atomically."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    train = [(r["step"], r["loss"]) for r in records if "loss" in r]
-    val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
     figure = Figure(figsize=(7, 4.5), dpi=100)
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
-    if train:
-        axes.plot(*zip(*train, strict=True), label="train", color="tab:blue", alpha=0.6, linewidth=1)
-    if val:
-        axes.plot(*zip(*val, strict=True), "o-", label="val", color="tab:orange", linewidth=1.5, markersize=4)
+    styles: list[dict[str, Any]] = [
+        dict(color="tab:blue", alpha=0.6, linewidth=1),
+        dict(color="tab:orange", linewidth=1.5, markersize=4, marker="o"),
+    ]
+    for (key, label), style in zip((steps, evaluations), styles, strict=True):
+        points = [(r["step"], r[key]) for r in records if key in r]
+        if points:
+            axes.plot(*zip(*points, strict=True), label=label, **style)
     axes.set_xlabel("step")
-    axes.set_ylabel("loss (nats/token)")
+    axes.set_ylabel(ylabel)
     axes.grid(alpha=0.3)
     axes.legend()
     figure.tight_layout()
